@@ -1,0 +1,53 @@
+"""Engine configuration: plain frozen data, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+LogprobsMode = Literal["raw_logprobs", "raw_logits", "none"]
+DType = Literal["float32", "bfloat16", "float16"]
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # A Hugging Face checkpoint folder, or the name of the embedded default model.
+    model: str = DEFAULT_MODEL
+    dtype: DType = "float32"
+    # "auto": CUDA when present, else CPU.
+    device: str = "auto"
+    # Tokens per KV block.
+    block_size: int = 16
+    # KV cache budget in bytes (K and V of every layer). num_kv_blocks overrides it when set.
+    kv_cache_bytes: int = 512 * 1024 * 1024
+    num_kv_blocks: int | None = None
+    # Per step: at most this many tokens (prefill chunks + one per decoding request) ...
+    max_num_batched_tokens: int = 2048
+    # ... and at most this many requests.
+    max_num_seqs: int = 64
+    # The LM head + log-softmax of scoring runs over blocks of this many rows: the extra memory of
+    # scoring is bounded by score_rows_per_block x vocab floats whatever the prompt length.
+    score_rows_per_block: int = 256
+    logprobs_mode: LogprobsMode = "raw_logprobs"
+    # Longest prompt + generation; None: the model's max_position_embeddings.
+    max_model_len: int | None = None
+    # torch intra-op threads; None leaves torch's default (Ray sets OMP_NUM_THREADS=1 in small actors).
+    num_threads: int | None = None
+    # Where the embedded default model is converted to safetensors; None: the user's cache dir.
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+        if self.max_num_seqs <= 0:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.score_rows_per_block <= 0:
+            raise ValueError(f"score_rows_per_block must be positive, got {self.score_rows_per_block}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.logprobs_mode not in ("raw_logprobs", "raw_logits", "none"):
+            raise ValueError(f"unknown logprobs_mode {self.logprobs_mode!r}")

@@ -1,0 +1,38 @@
+"""Per-request parameters: what to score, how to sample, when to stop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    # Tokens to generate; 0 = score only (requires logprob_start_len >= 0).
+    max_tokens: int = 128
+    # 0 = greedy.
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # -1 or 0 = no top-k filter.
+    top_k: int = -1
+    min_p: float = 0.0
+    # Same seed, same tokens, whatever else shares the batch.
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # Logprobs of generated tokens (and of input tokens when logprob_start_len >= 0).
+    return_logprob: bool = False
+    # N: input positions N .. L-2 are scored (row p scores token p+1); -1 = no input scoring.
+    logprob_start_len: int = -1
+    # k most likely tokens per scored / generated position; 0 = none.
+    top_logprobs_num: int = 0
+
+    @property
+    def scores_input(self) -> bool:
+        return self.logprob_start_len >= 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
