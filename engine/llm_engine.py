@@ -1,0 +1,213 @@
+"""The engine: schedule -> execute -> update, plus request bookkeeping and a synchronous batch call."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.default_model import resolve_model_path
+from engine.detokenizer import Detokenizer
+from engine.kv_cache_manager import KVCacheManager
+from engine.loader import eos_token_ids, load_model, load_tokenizer, resolve_device
+from engine.model_runner import ChunkResult, ModelRunner
+from engine.outputs import FinishReason, RequestOutput, merge_outputs
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+
+
+class RequestError(ValueError):
+    """A request the engine cannot take (bad ids, too long, ...): the caller's fault, a 4xx."""
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = resolve_device(config.device)
+        self.model_path: Path = resolve_model_path(config.model, config.cache_dir)
+        self.model, self.hf_config = load_model(self.model_path, config.dtype, self.device)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.eos_ids = eos_token_ids(self.model_path, self.hf_config, self.tokenizer)
+        self.vocab_size: int = self.hf_config.vocab_size
+        self.max_model_len: int = config.max_model_len or self.hf_config.max_position_embeddings
+        per_block = ModelRunner.bytes_per_block(self.model, config.block_size)
+        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block)
+        self.kv = KVCacheManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
+        self.runner = ModelRunner(self.model, config, self.device, num_blocks)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.seqs: dict[str, Sequence] = {}
+        self.generators: dict[str, torch.Generator] = {}
+        self.num_finished = 0
+        self._ids = itertools.count()
+
+    # --- requests -------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self._check(request_id, prompt_token_ids, params)
+        seq = Sequence(request_id, prompt_token_ids, params)
+        self.seqs[request_id] = seq
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
+        self.generators[request_id] = gen
+        self.scheduler.add(seq)
+
+    def _check(self, request_id: str, ids: list[int], p: SamplingParams) -> None:
+        if request_id in self.seqs:
+            raise RequestError(f"request id {request_id!r} is already running")
+        if not ids:
+            raise RequestError("The input_ids must not be an empty list")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"Token id {bad} is out of range for the vocabulary size {self.vocab_size}.")
+        if p.max_tokens < 0:
+            raise RequestError(f"The max_tokens {p.max_tokens} must be non-negative.")
+        if len(ids) + p.max_tokens > self.max_model_len:
+            raise RequestError(f"The prompt length {len(ids)} plus max_tokens {p.max_tokens} exceeds the "
+                               f"model's context length {self.max_model_len}.")
+        if p.return_logprob and self.config.logprobs_mode == "none":
+            raise RequestError("return_logprob(True) requested but not enabled logprobs_mode in engine "
+                               "configuration.")
+        if p.scores_input and p.logprob_start_len + 1 >= len(ids):
+            raise RequestError(f"logprob_start_len({p.logprob_start_len}) exceeds the last scorable source "
+                               f"position for input_ids length({len(ids)}).")
+        if p.max_tokens == 0 and not p.scores_input:
+            raise RequestError("The max_tokens 0 must be a positive integer.")
+        if self.kv.blocks_for(len(ids) + p.max_tokens) > self.kv.pool.num_blocks:
+            raise RequestError(f"The prompt length {len(ids)} plus max_tokens {p.max_tokens} does not fit the "
+                               f"KV cache of {self.kv.pool.num_blocks * self.config.block_size} tokens.")
+        for name, ok in (("temperature", p.temperature >= 0), ("top_p", 0 < p.top_p <= 1),
+                         ("top_k", p.top_k >= -1), ("min_p", 0 <= p.min_p <= 1),
+                         ("top_logprobs_num", p.top_logprobs_num >= 0)):
+            if not ok:
+                raise RequestError(f"The {name} {getattr(p, name)} is out of range.")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Frees everything the request holds. Returns its final output, or None if it is not live."""
+        seq = self.seqs.get(request_id)
+        if seq is None:
+            return None
+        seq.finish_reason = FinishReason("abort")
+        self._finish(seq)
+        return self._output(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # --- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if not sched.chunks:
+            return []
+        results = self.runner.execute(sched, self.generators)
+        outputs = []
+        for chunk, result in zip(sched.chunks, results, strict=True):
+            out = self._update(chunk.seq, chunk.num_tokens, result)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _update(self, seq: Sequence, num_tokens: int, r: ChunkResult) -> RequestOutput | None:
+        seq.num_computed_tokens += num_tokens
+        if seq.input_token_logprobs is not None and r.score_logprobs:
+            seq.input_token_logprobs.extend(r.score_logprobs)
+            if seq.input_top_logprobs is not None:
+                seq.input_top_logprobs.extend(t or [] for t in r.score_top)
+        if not seq.generates:
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                return None
+            # Scoring ends with its prefill: nothing generated, nothing committed, never decodes.
+            seq.finish_reason = FinishReason("length")
+            self._finish(seq)
+            return self._output(seq)
+        if r.sampled is None:
+            return None  # a prefill chunk that does not reach the end of the context
+        tok = r.sampled
+        seq.token_ids.append(tok)
+        if seq.output_token_logprobs is not None and r.sampled_logprob is not None:
+            seq.output_token_logprobs.append(r.sampled_logprob)
+            if seq.output_top_logprobs is not None:
+                seq.output_top_logprobs.append(r.sampled_top or [])
+        p = seq.params
+        stop_str = self.detokenizer.update(seq)
+        if stop_str is not None:
+            seq.finish_reason = FinishReason("stop", matched=stop_str)
+        elif tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
+            seq.finish_reason = FinishReason("stop", matched=tok)
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            seq.finish_reason = FinishReason("length")
+        if seq.finish_reason is not None:
+            self._finish(seq)
+        return self._output(seq)
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        self.seqs.pop(seq.request_id, None)
+        self.generators.pop(seq.request_id, None)
+        self.num_finished += 1
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        """The delta since the previous output of this request."""
+        end = len(seq.output_text) if seq.is_finished else Detokenizer.streamable(seq)
+        out_ids = seq.output_token_ids
+        n_lp = seq.num_output_logprobs_sent
+        out = RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=out_ids[seq.num_ids_sent:],
+            new_text=seq.output_text[seq.num_text_sent:end],
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason if seq.is_finished else None,
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_output_tokens,
+            cached_tokens=seq.num_cached_tokens,
+            # Input rows are sent once, with the output that ends the prefill.
+            input_token_logprobs=self._once(seq, seq.input_token_logprobs),
+            input_top_logprobs=self._once(seq, seq.input_top_logprobs),
+            output_token_logprobs=None if seq.output_token_logprobs is None else seq.output_token_logprobs[n_lp:],
+            output_top_logprobs=None if seq.output_top_logprobs is None else seq.output_top_logprobs[n_lp:],
+            arrival_time=seq.arrival_time, scheduled_time=seq.scheduled_time, finished_time=seq.finished_time,
+        )
+        seq.num_ids_sent = len(out_ids)
+        seq.num_text_sent = end
+        if seq.output_token_logprobs is not None:
+            seq.num_output_logprobs_sent = len(seq.output_token_logprobs)
+        seq.input_rows_sent = True
+        return out
+
+    @staticmethod
+    def _once(seq: Sequence, rows: list | None) -> list | None:
+        if rows is None:
+            return None
+        return [] if seq.input_rows_sent else list(rows)
+
+    # --- synchronous batch call -----------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+                 check: bool = False) -> list[RequestOutput]:
+        """Run the prompts to completion together; returns each one's merged answer, in order.
+        check=True runs the block pool's integrity check after every step (for tests)."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        rids = [f"batch-{next(self._ids)}" for _ in prompts]
+        for rid, ids, p in zip(rids, prompts, plist, strict=True):
+            self.add_request(rid, ids, p)
+        streams: dict[str, list[RequestOutput]] = {rid: [] for rid in rids}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.request_id in streams:
+                    streams[out.request_id].append(out)
+            if check:
+                self.check_integrity()
+        return [merge_outputs(streams[rid]) for rid in rids]
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity(self.scheduler.live())
+
+    def stats(self) -> dict[str, int]:
+        pool = self.kv.pool
+        return {"waiting": len(self.scheduler.waiting), "running": len(self.scheduler.running),
+                "kv_blocks_total": pool.num_blocks, "kv_blocks_free": pool.num_free,
+                "kv_blocks_used": pool.num_used, "requests_finished": self.num_finished}

@@ -1,0 +1,41 @@
+"""Compact projection: final norm + LM head + log-softmax over only the rows that are needed, in fixed-size
+blocks of rows, so scoring never materializes [L, vocab] logits whatever the prompt length."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.outputs import TokenLogprob
+
+
+def row_scores(logits: torch.Tensor, mode: str) -> torch.Tensor:
+    """Per-token values in the engine's logprobs mode, in float32, from raw logits: [R, V] -> [R, V]."""
+    logits = logits.float()
+    return F.log_softmax(logits, dim=-1) if mode == "raw_logprobs" else logits
+
+
+def top_k_rows(values: torch.Tensor, ks: list[int]) -> list[list[TokenLogprob] | None]:
+    """Each row's own k (a batch may mix k's): one topk at the widest k, then each row keeps its first k."""
+    kmax = max(ks, default=0)
+    if kmax <= 0:
+        return [None] * len(ks)
+    top_v, top_i = torch.topk(values, min(kmax, values.shape[-1]), dim=-1)
+    tv, ti = top_v.tolist(), top_i.tolist()
+    return [list(zip(tv[r][:k], ti[r][:k], strict=True)) if k > 0 else None for r, k in enumerate(ks)]
+
+
+def score_rows(hidden: torch.Tensor, norm: torch.nn.Module, lm_head: torch.nn.Module, targets: torch.Tensor,
+               ks: list[int], mode: str, rows_per_block: int) -> tuple[list[TokenLogprob], list[list[TokenLogprob] | None]]:
+    """hidden: [R, hidden] pre-norm rows; targets: [R] the token each row scores.
+    Returns per row (value, target) and its top-k list (None where its k is 0)."""
+    values: list[TokenLogprob] = []
+    tops: list[list[TokenLogprob] | None] = []
+    for lo in range(0, hidden.shape[0], rows_per_block):
+        hi = min(lo + rows_per_block, hidden.shape[0])
+        scores = row_scores(lm_head(norm(hidden[lo:hi])), mode)  # [rows, V]: the only vocab-wide buffer
+        t = targets[lo:hi]
+        picked = scores.gather(1, t[:, None])[:, 0]
+        values.extend(zip(picked.tolist(), t.tolist(), strict=True))
+        tops.extend(top_k_rows(scores, ks[lo:hi]))
+    return values, tops

@@ -1,0 +1,124 @@
+"""Runs one scheduled step: lays the chunks out flat, runs the model, projects only the rows it needs.
+Knows nothing of HTTP, Ray or text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionMetadata, TorchPagedAttention
+from engine.config import EngineConfig
+from engine.logprobs import row_scores, score_rows, top_k_rows
+from engine.outputs import TokenLogprob
+from engine.sampler import sample
+from engine.scheduler import SchedulerOutput
+
+
+@dataclass
+class ChunkResult:
+    # Scoring rows produced in this chunk, in position order (empty when none).
+    score_logprobs: list[TokenLogprob]
+    score_top: list[list[TokenLogprob] | None]
+    # The token sampled from the chunk's last row, when the chunk completes a generating request's context.
+    sampled: int | None = None
+    sampled_logprob: TokenLogprob | None = None
+    sampled_top: list[TokenLogprob] | None = None
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, config: EngineConfig, device: torch.device,
+                 num_blocks: int) -> None:
+        self.model = model
+        self.config = config
+        self.device = device
+        self.block_size = config.block_size
+        self.backend = TorchPagedAttention()
+        layers = len(model.model.layers)
+        dtype = model.model.embed_tokens.weight.dtype
+        shape = (num_blocks * self.block_size, model.num_kv_heads, model.head_dim)
+        # One [slots, Hkv, D] tensor per layer for K and for V; slot = block * block_size + offset.
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
+                           torch.zeros(shape, dtype=dtype, device=device)) for _ in range(layers)]
+        self._offsets = torch.arange(self.block_size, device=device)
+
+    @staticmethod
+    def bytes_per_block(model: torch.nn.Module, block_size: int) -> int:
+        elem = model.model.embed_tokens.weight.element_size()
+        return 2 * len(model.model.layers) * block_size * model.num_kv_heads * model.head_dim * elem
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput, generators: dict[str, torch.Generator]) -> list[ChunkResult]:
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        new_slots: list[torch.Tensor] = []
+        meta = AttentionMetadata(slot_mapping=torch.empty(0), starts=[], lens=[], context_slots=[])
+        score_idx: list[int] = []
+        score_tgt: list[int] = []
+        score_k: list[int] = []
+        score_count: list[int] = []
+        sample_idx: list[int] = []
+        sample_chunk: list[int] = []
+        offset = 0
+        for ci, chunk in enumerate(sched.chunks):
+            seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
+            ids.extend(seq.token_ids[start:start + n])
+            positions.append(torch.arange(start, start + n, device=self.device))
+            table = torch.tensor(seq.block_table, device=self.device)
+            slots = (table[:, None] * self.block_size + self._offsets[None, :]).flatten()
+            new_slots.append(slots[start:start + n])
+            meta.starts.append(start)
+            meta.lens.append(n)
+            meta.context_slots.append(slots[:start + n])
+            count = 0
+            if seq.input_token_logprobs is not None:
+                # Row p scores token p+1; rows already produced (before a preemption) are not redone.
+                lo = max(seq.next_score_position, start)
+                hi = min(seq.last_score_position, start + n - 1)
+                for p in range(lo, hi + 1):
+                    score_idx.append(offset + p - start)
+                    score_tgt.append(seq.token_ids[p + 1])
+                    score_k.append(seq.params.top_logprobs_num)
+                count = max(0, hi - lo + 1)
+            score_count.append(count)
+            if seq.generates and start + n == seq.num_tokens:
+                sample_idx.append(offset + n - 1)
+                sample_chunk.append(ci)
+            offset += n
+        meta.slot_mapping = torch.cat(new_slots)
+        hidden = self.model(torch.tensor(ids, device=self.device), torch.cat(positions),
+                            self.kv_caches, meta, self.backend)  # [T, hidden]
+
+        results = [ChunkResult([], []) for _ in sched.chunks]
+        mode = self.config.logprobs_mode
+        if score_idx:
+            values, tops = score_rows(hidden[torch.tensor(score_idx, device=self.device)],
+                                      self.model.model.norm, self.model.lm_head,
+                                      torch.tensor(score_tgt, device=self.device), score_k, mode,
+                                      self.config.score_rows_per_block)
+            at = 0
+            for ci, count in enumerate(score_count):
+                results[ci].score_logprobs = values[at:at + count]
+                results[ci].score_top = tops[at:at + count]
+                at += count
+        if sample_idx:
+            self._sample(hidden[torch.tensor(sample_idx, device=self.device)], sample_chunk, sched, results,
+                         generators)
+        return results
+
+    def _sample(self, rows: torch.Tensor, chunk_ids: list[int], sched: SchedulerOutput,
+                results: list[ChunkResult], generators: dict[str, torch.Generator]) -> None:
+        seqs = [sched.chunks[ci].seq for ci in chunk_ids]
+        # [B, V] with B <= max_num_seqs: bounded like the scoring blocks.
+        logits = self.model.lm_head(self.model.model.norm(rows)).float()
+        tokens = sample(logits, [s.params for s in seqs], [generators[s.request_id] for s in seqs])
+        want = [s.params.return_logprob for s in seqs]
+        values = row_scores(logits, self.config.logprobs_mode) if any(want) else None
+        picked = values.gather(1, tokens[:, None])[:, 0].tolist() if values is not None else None
+        tops = top_k_rows(values, [s.params.top_logprobs_num if s.params.return_logprob else 0 for s in seqs]) \
+            if values is not None else [None] * len(seqs)
+        for j, (ci, tok) in enumerate(zip(chunk_ids, tokens.tolist(), strict=True)):
+            results[ci].sampled = tok
+            if want[j] and picked is not None:
+                results[ci].sampled_logprob = (picked[j], tok)
+                results[ci].sampled_top = tops[j]

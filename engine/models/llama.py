@@ -1,0 +1,120 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, TinyLlama, Mistral-style configs) with the checkpoint's
+parameter names, so weights load by name. Forward runs over a flat batch of tokens from many requests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+from engine.attention import AttentionBackend, AttentionMetadata
+from engine.models.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Same arithmetic as transformers' LlamaRMSNorm: normalize in float32, scale in the model dtype.
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Any, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.scale = self.head_dim ** -0.5
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=o_bias)
+
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k = rope.apply(q, k, cos, sin)
+        o = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
+        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        bias = bool(getattr(cfg, "mlp_bias", False))
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        self.act = ACT2FN[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: Any, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, qkv_bias, o_bias)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: Any, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, qkv_bias, o_bias) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    @staticmethod
+    def attention_biases(cfg: Any) -> tuple[bool, bool]:
+        """(q/k/v bias, o bias): Llama has both only when the config says attention_bias."""
+        bias = bool(getattr(cfg, "attention_bias", False))
+        return bias, bias
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderModel(cfg, *self.attention_biases(cfg))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        self.rope = RotaryEmbedding(cfg)
+        head = self.model.layers[0].self_attn if cfg.num_hidden_layers else None
+        self.num_kv_heads = head.num_kv_heads if head else 0
+        self.head_dim = head.head_dim if head else 0
+
+    def tie_weights(self) -> None:
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+        """input_ids, positions: [T]. Returns the last layer's hidden states before the final norm: [T, hidden].
+        The runner applies norm + LM head only to the rows it needs."""
+        h = self.model.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = self.rope.cos_sin(positions, h.dtype)  # [T, D]
+        for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches, strict=True):
+            r = h
+            h = layer.input_layernorm(h)
+            h = layer.self_attn(h, self.rope, cos, sin, k_cache, v_cache, meta, backend)
+            h = r + h
+            r = h
+            h = layer.mlp(layer.post_attention_layernorm(h))
+            h = r + h
+        return h

@@ -1,0 +1,44 @@
+"""The sampler: a pure function of float32 logits and per-row parameters. Each row draws from its own
+torch.Generator, so a seeded request gets the same tokens whatever else shares the batch."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p masks. logits: [B, V] float32 (non-greedy rows)."""
+    device = logits.device
+    temp = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
+    x = logits / temp[:, None]
+    sorted_x, order = x.sort(dim=-1, descending=True)
+    vocab = x.shape[-1]
+    rank = torch.arange(vocab, device=device)[None, :]
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+    remove = rank >= top_k[:, None]
+    probs = sorted_x.masked_fill(remove, float("-inf")).softmax(dim=-1)
+    top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
+    # Drop a token once the mass before it already reaches top_p (the first token always stays).
+    remove |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+    min_p = torch.tensor([p.min_p for p in params], device=device, dtype=torch.float32)
+    remove |= probs < (min_p * probs[:, :1])
+    remove[:, 0] = False
+    sorted_x = sorted_x.masked_fill(remove, float("-inf"))
+    return torch.empty_like(x).scatter_(1, order, sorted_x)
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator]) -> torch.Tensor:
+    """logits: [B, V] float32 raw logits. Returns [B] token ids."""
+    out = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if rows:
+        filtered = apply_filters(logits[rows], [params[i] for i in rows])
+        probs = filtered.softmax(dim=-1)
+        for j, i in enumerate(rows):
+            # Exponential race (Gumbel-max in another form): argmax(p / E), E ~ Exp(1), draws from p.
+            noise = torch.empty_like(probs[j]).exponential_(generator=generators[i])
+            out[i] = (probs[j] / noise).argmax()
+    return out

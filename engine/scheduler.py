@@ -1,0 +1,108 @@
+"""Continuous batching: each step, one token per decoding request plus prefill chunks, within budgets."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledChunk:
+    seq: Sequence
+    # First position computed in this step (= seq.num_computed_tokens when scheduled).
+    start: int
+    # Tokens computed in this step: positions start .. start + num_tokens - 1.
+    num_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    # In batch order: the model runner lays the tokens out flat in this order.
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    # Requests that lost their blocks this step and will be recomputed from scratch.
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+        self.kv = kv
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # oldest first: the newest is preempted first
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def live(self) -> list[Sequence]:
+        return [*self.running, *self.waiting]
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled: set[int] = set()
+
+        # 1. Running requests, oldest first: decodes and the next chunks of chunked prefills.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.kv.allocate(seq, n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+                scheduled.add(id(seq))
+                budget -= n
+                i += 1
+                continue
+            break  # seq preempted itself: nothing older is left to try
+        # Preemption removed requests from the tail of `running`; drop their scheduled chunks (none: only
+        # unscheduled requests are preempted, since the victim is always the newest and we go oldest first).
+
+        # 2. Waiting requests, first come first served, while the budgets and the KV cache allow.
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+            seq = self.waiting[0]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.kv.allocate(seq, n):
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            if seq.scheduled_time is None:
+                seq.scheduled_time = time.monotonic()
+            self.running.append(seq)
+            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            budget -= n
+        return out
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free everything the request holds and queue it first for recompute. Produced scoring rows and
+        generated tokens are kept: recompute covers prompt + generated tokens and skips rows already made."""
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finished_time = time.monotonic()

@@ -1,0 +1,90 @@
+"""One state object per request, owned by the scheduler; the model runner only reads it."""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+
+from engine.outputs import FinishReason, TokenLogprob
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """A request's tokens and progress.
+
+    Two counters and no phase: each step computes up to `num_tokens - num_computed_tokens` tokens.
+    Prefill, chunked prefill, decode, recompute after preemption and prefix hits are the same rule.
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 arrival_time: float | None = None) -> None:
+        self.request_id = request_id
+        self.params = params
+        self.token_ids: list[int] = list(prompt_token_ids)  # prompt + generated
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
+        self.scheduled_time: float | None = None
+        self.finished_time: float | None = None
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache on first schedule
+        want = params.return_logprob
+        # Scoring rows accumulate here in order across prefill chunks; None = not requested.
+        self.input_token_logprobs: list[TokenLogprob] | None = [] if params.scores_input else None
+        self.input_top_logprobs: list[list[TokenLogprob]] | None = (
+            [] if params.scores_input and params.top_logprobs_num > 0 else None)
+        self.output_token_logprobs: list[TokenLogprob] | None = [] if want else None
+        self.output_top_logprobs: list[list[TokenLogprob]] | None = (
+            [] if want and params.top_logprobs_num > 0 else None)
+        # Detokenized output text so far (after stop-string handling) and how much was streamed.
+        self.output_text = ""
+        self.num_text_sent = 0
+        self.num_ids_sent = 0
+        self.num_output_logprobs_sent = 0
+        self.input_rows_sent = False
+
+    # --- counters -------------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def generates(self) -> bool:
+        return self.params.max_tokens > 0
+
+    @property
+    def next_score_position(self) -> int:
+        """The next input position whose row is still to be produced (row p scores token p+1)."""
+        assert self.input_token_logprobs is not None
+        return self.params.logprob_start_len + len(self.input_token_logprobs)
+
+    @property
+    def last_score_position(self) -> int:
+        return self.num_prompt_tokens - 2
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def num_blocks_needed(self, num_tokens: int, block_size: int) -> int:
+        return (num_tokens + block_size - 1) // block_size
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, status={self.status.value})")
