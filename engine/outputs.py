@@ -17,6 +17,8 @@ class FinishReason:
     # The stop string or stop token id that ended generation, when there is one.
     matched: str | int | None = None
     message: str | None = None
+    # With type "error": 400 when the request itself was bad (the caller's fault), 500 when the engine failed.
+    code: int | None = None
 
 
 @dataclass

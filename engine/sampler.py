@@ -21,9 +21,9 @@ def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     probs = sorted_x.masked_fill(remove, float("-inf")).softmax(dim=-1)
     top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
     # Drop a token once the mass before it already reaches top_p (the first token always stays).
-    remove |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+    remove |= ((probs.cumsum(dim=-1) - probs) >= top_p[:, None]) & (top_p[:, None] < 1.0)
     min_p = torch.tensor([p.min_p for p in params], device=device, dtype=torch.float32)
-    remove |= probs < (min_p * probs[:, :1])
+    remove |= probs < (min_p[:, None] * probs[:, :1])
     remove[:, 0] = False
     sorted_x = sorted_x.masked_fill(remove, float("-inf"))
     return torch.empty_like(x).scatter_(1, order, sorted_x)

@@ -36,7 +36,8 @@ class Sequence:
         self.scheduled_time: float | None = None
         self.finished_time: float | None = None
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache on first schedule
-        want = params.return_logprob
+        # Scoring-only requests have no output rows: null, not [] (the contract).
+        want = params.return_logprob and params.max_tokens > 0
         # Scoring rows accumulate here in order across prefill chunks; None = not requested.
         self.input_token_logprobs: list[TokenLogprob] | None = [] if params.scores_input else None
         self.input_top_logprobs: list[list[TokenLogprob]] | None = (

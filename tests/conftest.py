@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny local checkpoints, transformers references, one model load per process."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.tiny_models import build_tiny_model
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "llama": build_tiny_model(root / "llama", "llama"),
+        "llama-tied-llama3": build_tiny_model(root / "llama3", "llama", tie=True, rope_scaling=LLAMA3_ROPE, seed=1),
+        "qwen2": build_tiny_model(root / "qwen2", "qwen2", seed=2),
+    }
+
+
+@lru_cache(maxsize=8)
+def hf_model(path: str) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@torch.inference_mode()
+def hf_logits(path: str | Path, ids: list[int]) -> torch.Tensor:
+    """transformers' single full forward: [L, V] float32 logits."""
+    return hf_model(str(path))(torch.tensor([ids])).logits[0].float()
+
+
+def hf_scores(path: str | Path, ids: list[int], start: int) -> list[float]:
+    """log_softmax(logits)[p, ids[p+1]] for p = start .. L-2."""
+    lp = torch.log_softmax(hf_logits(path, ids), dim=-1)
+    pos = torch.arange(start, len(ids) - 1)
+    return lp[pos, torch.tensor(ids[start + 1:])].tolist()

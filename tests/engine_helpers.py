@@ -1,0 +1,25 @@
+"""Building engines on test checkpoints, with the default model stubbed out of the way of paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+
+def make_engine(path: Path | str, **overrides: object) -> LLMEngine:
+    cfg = dict(model=str(path), max_num_batched_tokens=64, num_kv_blocks=256, block_size=4,
+               score_rows_per_block=8)
+    cfg.update(overrides)
+    return LLMEngine(EngineConfig(**cfg))  # type: ignore[arg-type]
+
+
+def scoring(start: int, k: int = 0) -> SamplingParams:
+    return SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=start, top_logprobs_num=k)
+
+
+def greedy(n: int, logprobs: bool = True, k: int = 0) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, return_logprob=logprobs,
+                          top_logprobs_num=k)
