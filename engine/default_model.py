@@ -83,33 +83,49 @@ def ensure_default_model(cache_dir: str | Path | None = None) -> Path:
     if _is_complete(target):
         return target
 
-    from filelock import FileLock  # a dependency of transformers / huggingface_hub
+    from filelock import FileLock, Timeout  # a dependency of transformers / huggingface_hub
 
     root.mkdir(parents=True, exist_ok=True)
     # One converter at a time per cache dir: a concurrent process waits here, then finds the folder whole.
-    with FileLock(str(root / f".{DEFAULT_MODEL_NAME}.lock")):
-        if _is_complete(target):
-            return target
-        # We hold the lock, so any temp dir left here belongs to a converter that crashed.
-        for stale in root.glob(_TMP_PREFIX + "*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        source = gguf_path()
-        # The temp dir sits next to the target so the final rename stays on one filesystem (atomic).
-        tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=root))
-        try:
-            print(
-                f"rayscore: converting the embedded SmolLM2-135M-Instruct GGUF to safetensors in {target} "
-                "(once, ~30-60 s)...",
-                file=sys.stderr,
-                flush=True,
-            )
-            start = time.perf_counter()
-            _convert(source, tmp)
-            _install(tmp, target)
-            print(f"rayscore: done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    lock = FileLock(str(root / f".{DEFAULT_MODEL_NAME}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(
+            f"rayscore: another process is converting the default model into {target}; waiting...",
+            file=sys.stderr,
+            flush=True,
+        )
+        lock.acquire()
+    try:
+        if not _is_complete(target):
+            _convert_into(root, target)
+    finally:
+        lock.release()
     return target
+
+
+def _convert_into(root: Path, target: Path) -> None:
+    """Convert the GGUF and install the result at `target`; the caller holds the cache dir's lock."""
+    # We hold the lock, so any temp dir left here belongs to a converter that crashed.
+    for stale in root.glob(_TMP_PREFIX + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    source = gguf_path()
+    # The temp dir sits next to the target so the final rename stays on one filesystem (atomic).
+    tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=root))
+    try:
+        print(
+            f"rayscore: converting the embedded SmolLM2-135M-Instruct GGUF to safetensors in {target} "
+            "(once, ~30-60 s)...",
+            file=sys.stderr,
+            flush=True,
+        )
+        start = time.perf_counter()
+        _convert(source, tmp)
+        _install(tmp, target)
+        print(f"rayscore: done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _install(tmp: Path, target: Path) -> None:

@@ -44,3 +44,32 @@ def hf_scores(path: str | Path, ids: list[int], start: int) -> list[float]:
     lp = torch.log_softmax(hf_logits(path, ids), dim=-1)
     pos = torch.arange(start, len(ids) - 1)
     return lp[pos, torch.tensor(ids[start + 1:])].tolist()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The embedded default model's converted folder (converted once per machine, then cached)."""
+    from engine.default_model import ensure_default_model
+
+    return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def serve_url(smollm2_path: Path):
+    """One real local Ray cluster and Serve instance for the whole test session (see shared ray-notes):
+    8 logical CPUs so an ingress and several workers place on 2 cores, 2 fake GPUs for the placement test."""
+    import socket
+
+    import ray
+    from ray import serve
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": str(smollm2_path.parent)}})
+    serve.start(http_options={"host": "127.0.0.1", "port": port},
+                logging_config={"enable_access_log": False})
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+    ray.shutdown()

@@ -51,6 +51,9 @@ class FinishInfo:
     type: FinishType
     matched: str | int | None = None
     message: str | None = None
+    # With type "error": 400 when the request was invalid (e.g. a text prompt too long once tokenized:
+    # the ingress answers HTTP 400 with `message`), 500 when the engine failed.
+    code: int | None = None
 
     def to_json(self) -> dict:
         out: dict = {"type": self.type}
@@ -82,6 +85,7 @@ class GenerateChunk:
 
 @dataclass
 class WorkerStats:
+    pid: int
     waiting: int
     running: int
     kv_blocks_total: int

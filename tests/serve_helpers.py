@@ -1,0 +1,57 @@
+"""Deploying the real application on the session's Ray cluster, and talking to it over HTTP."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import yaml
+from ray import serve
+
+from deploy.app import build_app
+from workers.protocol import WorkerStats
+
+
+def app_args(**overrides: Any) -> dict[str, Any]:
+    args = yaml.safe_load(open("configs/test.yaml"))["applications"][0]["args"]
+    args.update(overrides)
+    return args
+
+
+def deploy(name: str, prefix: str, args: dict[str, Any]) -> None:
+    serve.run(build_app(args), name=name, route_prefix=prefix, blocking=False)
+    wait_ready(name)
+
+
+def wait_ready(name: str, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = serve.status().applications.get(name)
+        if status is not None and status.status == "RUNNING":
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"app {name} not RUNNING after {timeout}s: {serve.status().applications.get(name)}")
+
+
+def worker_stats(app: str, samples: int = 24) -> dict[int, WorkerStats]:
+    """Stats of each worker replica, by pid (the handle spreads calls over replicas)."""
+    handle = serve.get_deployment_handle("EngineWorker", app_name=app)
+    seen: dict[int, WorkerStats] = {}
+    for _ in range(samples):
+        st = handle.stats.remote().result(timeout_s=30)
+        seen[st.pid] = st
+    return seen
+
+
+def sse_events(resp: httpx.Response) -> list[Any]:
+    """Parse a text/event-stream body into its JSON events; '[DONE]' stays a string."""
+    events: list[Any] = []
+    for block in resp.text.split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data: "), block
+        data = block[len("data: "):]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events

@@ -1,0 +1,69 @@
+"""The engine worker: a Serve deployment whose every replica is one process owning one engine
+(one GPU where there are GPUs), streaming each request's deltas back as carriers."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray import serve
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from workers.convert import error_chunk, to_chunk, to_params
+from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, WorkerStats
+
+log = logging.getLogger("ray.serve")
+
+
+class EngineWorker:
+    """Serve deployment body (bound with options in deploy/app.py). Methods called through a handle:
+    `generate` (stream=True), `model_info`, `stats`; Serve calls `check_health`."""
+
+    def __init__(self, engine_config: dict[str, Any], model_name: str | None = None) -> None:
+        cfg = EngineConfig(**engine_config)
+        # Ray sets OMP_NUM_THREADS=1 in actors with < 2 CPUs: take the thread count from the config.
+        self.engine = AsyncEngine(cfg)
+        eng = self.engine.engine
+        self.info = ModelInfo(model_name=model_name or cfg.model, vocab_size=eng.vocab_size,
+                              max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode)
+        self.tokenizer = eng.tokenizer
+        log.info("rayscore worker ready: model=%s device=%s dtype=%s kv_blocks=%d pid=%d CUDA_VISIBLE_DEVICES=%s",
+                 cfg.model, eng.device, cfg.dtype, eng.kv.pool.num_blocks, os.getpid(),
+                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        ids = req.input_ids
+        if ids is None:
+            ids = self.tokenizer.encode(req.prompt or "", add_special_tokens=False)
+            if not ids:
+                yield error_chunk(req.rid, "The prompt must not be an empty string", 400)
+                return
+        # aclosing: when Serve cancels this call (client gone), the engine stream is closed at once, which
+        # aborts the request and frees its KV blocks.
+        async with contextlib.aclosing(self.engine.generate(req.rid, ids, to_params(req))) as stream:
+            async for out in stream:
+                yield to_chunk(out)
+
+    async def model_info(self) -> ModelInfo:
+        return self.info
+
+    async def stats(self) -> WorkerStats:
+        s = self.engine.stats()
+        return WorkerStats(pid=os.getpid(), waiting=s["waiting"], running=s["running"], kv_blocks_total=s["kv_blocks_total"],
+                           kv_blocks_free=s["kv_blocks_free"], kv_blocks_used=s["kv_blocks_used"],
+                           requests_finished=s["requests_finished"])
+
+    async def cuda_visible_devices(self) -> str | None:
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    def check_health(self) -> None:
+        # Serve replaces a replica whose health check raises: do so when the engine loop has died.
+        if not self.engine.is_alive:
+            raise RuntimeError(f"engine loop died: {self.engine.error!r}")
+
+
+EngineWorkerDeployment = serve.deployment(name="EngineWorker")(EngineWorker)
