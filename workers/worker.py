@@ -55,10 +55,8 @@ class EngineWorker:
         s = self.engine.stats()
         return WorkerStats(pid=os.getpid(), waiting=s["waiting"], running=s["running"], kv_blocks_total=s["kv_blocks_total"],
                            kv_blocks_free=s["kv_blocks_free"], kv_blocks_used=s["kv_blocks_used"],
-                           requests_finished=s["requests_finished"])
-
-    async def cuda_visible_devices(self) -> str | None:
-        return os.environ.get("CUDA_VISIBLE_DEVICES")
+                           requests_finished=s["requests_finished"], device=str(self.engine.engine.device),
+                           cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
     def check_health(self) -> None:
         # Serve replaces a replica whose health check raises: do so when the engine loop has died.
