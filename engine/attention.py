@@ -38,24 +38,33 @@ class TorchPagedAttention:
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
+        groups = q.shape[1] // k.shape[1]
         offset = 0
         for start, n, slots in zip(meta.starts, meta.lens, meta.context_slots, strict=True):
-            qi = q[offset:offset + n].transpose(0, 1)  # [Hq, n, D]
+            # 4-D [1, H, S, D]: CPU's fused (flash) SDPA kernel takes only 4-D inputs, else the math path.
+            qi = q[offset:offset + n].transpose(0, 1)[None]  # [1, Hq, n, D]
             if start == 0:
                 # Whole context is new: use it directly (no gather) with a plain causal mask.
-                ki = k[offset:offset + n].transpose(0, 1)  # [Hkv, n, D]
-                vi = v[offset:offset + n].transpose(0, 1)
-                oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=n > 1, scale=scale, enable_gqa=True)
+                ki = _expand(k[offset:offset + n], groups)  # [1, Hq, n, D]
+                vi = _expand(v[offset:offset + n], groups)
+                oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=n > 1, scale=scale)
             else:
-                ki = k_cache.index_select(0, slots).transpose(0, 1)  # [Hkv, start + n, D]
-                vi = v_cache.index_select(0, slots).transpose(0, 1)
+                ki = _expand(k_cache.index_select(0, slots), groups)  # [1, Hq, start + n, D]
+                vi = _expand(v_cache.index_select(0, slots), groups)
                 mask = None
                 if n > 1:
                     # Query j sits at position start + j and sees keys 0 .. start + j.
                     qpos = torch.arange(start, start + n, device=q.device)[:, None]
                     kpos = torch.arange(start + n, device=q.device)[None, :]
                     mask = kpos <= qpos  # [n, start + n]
-                oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True)
-            out[offset:offset + n] = oi.transpose(0, 1)
+                oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale)
+            out[offset:offset + n] = oi[0].transpose(0, 1)
             offset += n
         return out
+
+
+def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[S, Hkv, D] -> [1, Hq, S, D]. Explicit repeat rather than SDPA's enable_gqa, which sends CPU attention down
+    the math path that materializes [H, S, S] scores (gigabytes for a long prompt)."""
+    x = x.transpose(0, 1)
+    return (x.repeat_interleave(groups, dim=0) if groups > 1 else x)[None]

@@ -12,7 +12,7 @@ import torch
 from ray import serve
 
 from tests.conftest import hf_scores
-from tests.serve_helpers import deploy, sse_events, app_args, worker_stats
+from tests.serve_helpers import app_args, deploy, sse_events, worker_stats
 
 APP = "e2e"
 PREFIX = "/e2e"
