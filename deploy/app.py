@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from deploy.config import AppConfig
 from ingress.deployment import Ingress
@@ -15,6 +16,15 @@ def _scaling(replicas: int, autoscaling: dict[str, Any] | None) -> dict[str, Any
     return {"autoscaling_config": autoscaling} if autoscaling else {"num_replicas": replicas}
 
 
+def _routing(cfg: AppConfig) -> dict[str, Any]:
+    if not cfg.prefix_aware_routing:
+        return {}
+    kwargs = {"block_size": cfg.router_block_size or cfg.block_size,
+              "imbalance_threshold": cfg.router_imbalance_threshold}
+    return {"request_router_config": RequestRouterConfig(
+        request_router_class="workers.router:PrefixAwareRouter", request_router_kwargs=kwargs)}
+
+
 def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
     worker = EngineWorkerDeployment.options(
@@ -22,7 +32,7 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
         max_ongoing_requests=cfg.worker_max_ongoing_requests,
         # Loading (or converting) the model takes a while on first start.
         health_check_period_s=5, health_check_timeout_s=30, graceful_shutdown_timeout_s=5,
-        **_scaling(cfg.num_workers, cfg.worker_autoscaling),
+        **_routing(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
     ).bind(cfg.engine_config(), cfg.model_name)
     return Ingress.options(
         ray_actor_options={"num_cpus": cfg.ingress_num_cpus},

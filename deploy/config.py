@@ -22,6 +22,10 @@ class AppConfig(BaseModel):
     logprobs_mode: Literal["raw_logprobs", "raw_logits", "none"] = Field(
         "raw_logprobs", description="What logprob values mean: log-softmax of raw logits, raw logits, or "
         "logprobs disabled.")
+    enable_prefix_cache: bool = Field(True, description="Share full KV blocks across requests (chained block "
+                                      "hashes, LRU eviction).")
+    hidden_state_store: bool = Field(True, description="Keep each cached position's hidden state so scoring "
+                                     "rows in cached blocks skip the transformer; off: reuse only before N.")
     block_size: int = Field(16, gt=0, description="Tokens per KV-cache block.")
     kv_cache_mb: int = Field(512, gt=0, description="KV-cache budget per worker, MiB (K and V of all layers).")
     max_num_batched_tokens: int = Field(2048, gt=0, description="Token budget of one engine step "
@@ -44,6 +48,13 @@ class AppConfig(BaseModel):
     worker_max_ongoing_requests: int = Field(64, gt=0, description="Requests Serve sends one worker at once; "
                                              "the engine batches them.")
 
+    prefix_aware_routing: bool = Field(False, description="Send each input_ids request to the worker that was sent "
+                                       "the longest prefix of it (workers/router.py); else Serve's power of two.")
+    router_block_size: int | None = Field(None, gt=0, description="Tokens per block the router hashes; default: "
+                                          "block_size.")
+    router_imbalance_threshold: int = Field(8, ge=0, description="Route by prefix only while that worker's queue "
+                                            "is at most this many requests longer than the shortest.")
+
     # --- ingress ---------------------------------------------------------------------------------
     ingress_num_replicas: int = Field(1, gt=0, description="Ingress replicas when not autoscaling.")
     ingress_autoscaling: dict[str, Any] | None = Field(None, description="Serve autoscaling_config for the ingress.")
@@ -60,4 +71,5 @@ class AppConfig(BaseModel):
                     kv_cache_bytes=self.kv_cache_mb * 1024 * 1024,
                     max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs,
                     score_rows_per_block=self.score_rows_per_block, logprobs_mode=self.logprobs_mode,
+                    enable_prefix_cache=self.enable_prefix_cache, hidden_state_store=self.hidden_state_store,
                     max_model_len=self.max_model_len, num_threads=threads, cache_dir=self.cache_dir)

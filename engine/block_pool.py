@@ -1,8 +1,10 @@
-"""A dumb pool of KV block ids: a free list and reference counts. It knows nothing of tensors or requests."""
+"""A dumb pool of KV block ids: a free queue and reference counts. It knows nothing of tensors, requests or
+hashes. The free queue is ordered for eviction: blocks freed last are reused last, so a prefix cache on top
+of it gets least-recently-used eviction for free."""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 
 
 class BlockPool:
@@ -11,7 +13,7 @@ class BlockPool:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
 
     @property
     def num_free(self) -> int:
@@ -22,27 +24,37 @@ class BlockPool:
         return self.num_blocks - len(self._free)
 
     def allocate(self) -> int:
+        """The block at the head of the free queue (least recently freed)."""
         if not self._free:
             raise RuntimeError("no free KV block")
-        block = self._free.popleft()
+        block, _ = self._free.popitem(last=False)
         assert self.ref_counts[block] == 0
         self.ref_counts[block] = 1
         return block
+
+    def take(self, block: int) -> None:
+        """Reference a block: a used one gains a reference; a free one leaves the free queue."""
+        if self.ref_counts[block] == 0:
+            del self._free[block]
+        self.ref_counts[block] += 1
 
     def incref(self, block: int) -> None:
         assert self.ref_counts[block] > 0, f"incref of free block {block}"
         self.ref_counts[block] += 1
 
+    def is_free(self, block: int) -> bool:
+        return self.ref_counts[block] == 0
+
     def free(self, block: int) -> None:
-        """Drop one reference; the block returns to the free list when none is left."""
+        """Drop one reference; the block joins the tail of the free queue when none is left."""
         assert self.ref_counts[block] > 0, f"double free of block {block}"
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
-            self._free.append(block)
+            self._free[block] = None
 
     def check_integrity(self, owners: list[list[int]] | None = None) -> None:
-        """free + used = total; free blocks have no references; no block is free twice; and, when the
-        block tables of all live requests are given, each block's ref count equals its number of owners."""
+        """free + used = total; free blocks have no references; and, when the block tables of all live
+        requests are given, each block's ref count equals its number of owners."""
         free = list(self._free)
         assert len(set(free)) == len(free), "a block is on the free list twice"
         for b in free:

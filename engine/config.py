@@ -31,6 +31,11 @@ class EngineConfig:
     # scoring is bounded by score_rows_per_block x vocab floats whatever the prompt length.
     score_rows_per_block: int = 256
     logprobs_mode: LogprobsMode = "raw_logprobs"
+    # Share full KV blocks across requests by a chained hash of their tokens; keep them (LRU) after use.
+    enable_prefix_cache: bool = True
+    # Keep each cached position's last hidden state too, so a scoring row in a cached block comes from the LM
+    # head alone. Off: cached blocks are reused only before the scoring boundary N (SGLang's rule).
+    hidden_state_store: bool = True
     # Longest prompt + generation; None: the model's max_position_embeddings.
     max_model_len: int | None = None
     # torch intra-op threads; None leaves torch's default (Ray sets OMP_NUM_THREADS=1 in small actors).

@@ -1,38 +1,112 @@
-"""Maps requests to KV blocks: grows a request's block table as it computes, frees it when it leaves."""
+"""Maps requests to KV blocks, with a prefix cache: full blocks are identified by a chained hash of their
+tokens, shared by reference count, and kept after their last owner leaves until space is needed (LRU)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from engine.block_pool import BlockPool
 from engine.sequence import Sequence
 
 
+def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
+    """Chained: block i's hash covers every token up to its end, so equal hashes mean equal prefixes
+    (tokens are still compared on a hit, against collisions)."""
+    return hash((parent, tokens))
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0  # requests looked up
+    query_tokens: int = 0  # prompt tokens looked up
+    hit_tokens: int = 0  # of those, served from cached blocks
+    evictions: int = 0  # cached blocks reused for other content
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        self.enable_prefix_cache = enable_prefix_cache
+        self.cached: dict[int, int] = {}  # hash -> block
+        self.block_meta: dict[int, tuple[int, tuple[int, ...]]] = {}  # block -> (hash, tokens)
+        self.stats = PrefixCacheStats()
 
     def blocks_for(self, num_tokens: int) -> int:
         return (num_tokens + self.block_size - 1) // self.block_size
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        need = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return need <= self.pool.num_free
+    # --- prefix cache ---------------------------------------------------------------------------
+    def match_prefix(self, seq: Sequence, limit: int) -> int:
+        """Give a request with no blocks the longest run of cached full blocks within its first `limit`
+        tokens. Returns the number of tokens now already computed."""
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        if not self.enable_prefix_cache:
+            return 0
+        bs = self.block_size
+        parent: int | None = None
+        hits: list[int] = []
+        hashes: list[int] = []
+        for i in range(limit // bs):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = block_hash(parent, tokens)
+            block = self.cached.get(h)
+            if block is None or self.block_meta[block][1] != tokens:
+                break
+            hits.append(block)
+            hashes.append(h)
+            parent = h
+        for block in hits:
+            self.pool.take(block)
+        seq.block_table = hits
+        seq.block_hashes = hashes
+        seq.num_computed_tokens = len(hits) * bs
+        return seq.num_computed_tokens
 
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the request's newly computed full blocks so later requests can share them."""
+        if not self.enable_prefix_cache:
+            return
+        bs = self.block_size
+        full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        for i in range(len(seq.block_hashes), full):
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = block_hash(parent, tokens)
+            seq.block_hashes.append(h)
+            block = seq.block_table[i]
+            if h not in self.cached and block not in self.block_meta:
+                self.cached[h] = block
+                self.block_meta[block] = (h, tokens)
+
+    def _allocate_block(self) -> int:
+        block = self.pool.allocate()
+        meta = self.block_meta.pop(block, None)
+        if meta is not None:  # the least recently used cached block: forget its content
+            del self.cached[meta[0]]
+            self.stats.evictions += 1
+        return block
+
+    # --- allocation -----------------------------------------------------------------------------
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make the block table cover num_computed + num_new tokens. All or nothing."""
         need = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         if need > self.pool.num_free:
             return False
         for _ in range(need):
-            seq.block_table.append(self.pool.allocate())
+            seq.block_table.append(self._allocate_block())
         return True
 
     def free(self, seq: Sequence) -> None:
-        # Reverse order: the tail blocks go back to the free list first (no effect without a prefix cache,
-        # but it keeps the head of a prompt around longest once blocks are cached).
+        # Tail first: the free queue is the eviction order, so a prompt's head (the part most likely shared)
+        # stays cached longest.
         for block in reversed(seq.block_table):
             self.pool.free(block)
         seq.block_table = []
+        seq.block_hashes = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -40,3 +114,9 @@ class KVCacheManager:
 
     def check_integrity(self, live: list[Sequence]) -> None:
         self.pool.check_integrity([s.block_table for s in live])
+        assert len(self.cached) == len(self.block_meta), "hash map and block map differ in size"
+        for h, block in self.cached.items():
+            assert self.block_meta[block][0] == h, f"block {block} cached under two hashes"
+        for s in live:
+            assert len(s.block_hashes) <= len(s.block_table)
+            assert s.num_computed_tokens <= len(s.block_table) * self.block_size

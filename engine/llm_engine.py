@@ -38,8 +38,9 @@ class LLMEngine:
         self.max_model_len: int = config.max_model_len or self.hf_config.max_position_embeddings
         per_block = ModelRunner.bytes_per_block(self.model, config.block_size)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block)
-        self.kv = KVCacheManager(num_blocks, config.block_size)
-        self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
+        self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
+                                   hidden_state_store=config.hidden_state_store)
         self.runner = ModelRunner(self.model, config, self.device, num_blocks)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.seqs: dict[str, Sequence] = {}
@@ -114,6 +115,7 @@ class LLMEngine:
 
     def _update(self, seq: Sequence, num_tokens: int, r: ChunkResult) -> RequestOutput | None:
         seq.num_computed_tokens += num_tokens
+        self.kv.cache_full_blocks(seq)  # before a finish frees them: finished blocks stay cached
         if seq.input_token_logprobs is not None and r.score_logprobs:
             seq.input_token_logprobs.extend(r.score_logprobs)
             if seq.input_top_logprobs is not None:
@@ -210,4 +212,8 @@ class LLMEngine:
         pool = self.kv.pool
         return {"waiting": len(self.scheduler.waiting), "running": len(self.scheduler.running),
                 "kv_blocks_total": pool.num_blocks, "kv_blocks_free": pool.num_free,
-                "kv_blocks_used": pool.num_used, "requests_finished": self.num_finished}
+                "kv_blocks_used": pool.num_used, "requests_finished": self.num_finished,
+                "prefix_cache_query_tokens": self.kv.stats.query_tokens,
+                "prefix_cache_hit_tokens": self.kv.stats.hit_tokens,
+                "prefix_cache_evictions": self.kv.stats.evictions,
+                "prefix_cache_blocks": len(self.kv.cached)}

@@ -32,8 +32,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
+                 hidden_state_store: bool = True) -> None:
         self.kv = kv
+        self.hidden_state_store = hidden_state_store
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
@@ -77,17 +79,38 @@ class Scheduler:
         # 2. Waiting requests, first come first served, while the budgets and the KV cache allow.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
+            first = seq.scheduled_time is None
+            if not seq.block_table:  # new, or preempted: start after its longest cached prefix
+                cached = self.kv.match_prefix(seq, self.reusable_prefix(seq))
+                if first:
+                    seq.num_cached_tokens = cached
+                    self.kv.stats.queries += 1
+                    self.kv.stats.query_tokens += seq.num_prompt_tokens
+                    self.kv.stats.hit_tokens += cached
+            # May be 0: a scoring request whose whole prompt is cached runs no layer at all.
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.kv.allocate(seq, n):
+                self.kv.free(seq)  # don't sit on cached blocks while waiting
+                seq.num_computed_tokens = 0
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
-            if seq.scheduled_time is None:
+            if first:
                 seq.scheduled_time = time.monotonic()
             self.running.append(seq)
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
             budget -= n
         return out
+
+    def reusable_prefix(self, seq: Sequence) -> int:
+        """How many leading tokens may come from the prefix cache."""
+        limit = seq.num_tokens
+        if seq.generates:
+            limit -= 1  # the last token is computed: its row samples the next one
+        if seq.params.scores_input and not self.hidden_state_store:
+            # Without stored hidden states a scoring row needs its position computed: reuse only before N.
+            limit = min(limit, seq.params.logprob_start_len)
+        return max(0, limit)
 
     def _preempt(self, seq: Sequence) -> None:
         """Free everything the request holds and queue it first for recompute. Produced scoring rows and

@@ -30,6 +30,8 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        # Chained hashes of the full blocks at the head of block_table (the prefix cache's keys).
+        self.block_hashes: list[int] = []
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()

@@ -10,8 +10,10 @@ from engine.sampling_params import SamplingParams
 
 
 def make_engine(path: Path | str, **overrides: object) -> LLMEngine:
+    # Prefix cache off by default: these tests are about chunking and batching, and a warm cache would
+    # skip the very computation they check. test_prefix_cache.py turns it on.
     cfg = dict(model=str(path), max_num_batched_tokens=64, num_kv_blocks=256, block_size=4,
-               score_rows_per_block=8)
+               score_rows_per_block=8, enable_prefix_cache=False)
     cfg.update(overrides)
     return LLMEngine(EngineConfig(**cfg))  # type: ignore[arg-type]
 

@@ -18,7 +18,7 @@ from tests.test_engine_scoring import assert_rows
 def engine(smollm2_path) -> LLMEngine:
     # One model load for the module; the chunk budget is a scheduler knob changed between runs.
     return LLMEngine(EngineConfig(model=str(smollm2_path), num_kv_blocks=96, block_size=16,
-                                  score_rows_per_block=32))
+                                  score_rows_per_block=32, enable_prefix_cache=False))
 
 
 def ids_of(n: int, seed: int) -> list[int]:

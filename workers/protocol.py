@@ -94,6 +94,7 @@ class WorkerStats:
     requests_finished: int
     prefix_cache_hit_tokens: int = 0
     prefix_cache_query_tokens: int = 0
+    prefix_cache_evictions: int = 0
     # Where the engine runs ("cpu", "cuda:0") and the GPU slot Ray gave the replica, if any.
     device: str = ""
     cuda_visible_devices: str | None = None

@@ -55,7 +55,10 @@ class EngineWorker:
         s = self.engine.stats()
         return WorkerStats(pid=os.getpid(), waiting=s["waiting"], running=s["running"], kv_blocks_total=s["kv_blocks_total"],
                            kv_blocks_free=s["kv_blocks_free"], kv_blocks_used=s["kv_blocks_used"],
-                           requests_finished=s["requests_finished"], device=str(self.engine.engine.device),
+                           requests_finished=s["requests_finished"],
+                           prefix_cache_hit_tokens=s["prefix_cache_hit_tokens"],
+                           prefix_cache_query_tokens=s["prefix_cache_query_tokens"],
+                           prefix_cache_evictions=s["prefix_cache_evictions"], device=str(self.engine.engine.device),
                            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
     def check_health(self) -> None:
