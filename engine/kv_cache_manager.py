@@ -66,12 +66,15 @@ class KVCacheManager:
         seq.num_computed_tokens = len(hits) * bs
         return seq.num_computed_tokens
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        """Register the request's newly computed full blocks so later requests can share them."""
+    def cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Register the full blocks among the request's first num_tokens tokens so other requests can share
+        them. Called when the step that computes them is scheduled: a request admitted later in the same
+        step may share them already, since every layer writes the whole batch's K/V before any attention
+        reads it, and hidden states are stored before any scoring row is read."""
         if not self.enable_prefix_cache:
             return
         bs = self.block_size
-        full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        full = min(num_tokens // bs, len(seq.block_table))
         for i in range(len(seq.block_hashes), full):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])

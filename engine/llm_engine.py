@@ -115,7 +115,6 @@ class LLMEngine:
 
     def _update(self, seq: Sequence, num_tokens: int, r: ChunkResult) -> RequestOutput | None:
         seq.num_computed_tokens += num_tokens
-        self.kv.cache_full_blocks(seq)  # before a finish frees them: finished blocks stay cached
         if seq.input_token_logprobs is not None and r.score_logprobs:
             seq.input_token_logprobs.extend(r.score_logprobs)
             if seq.input_top_logprobs is not None:

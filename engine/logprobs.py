@@ -26,16 +26,22 @@ def top_k_rows(values: torch.Tensor, ks: list[int]) -> list[list[TokenLogprob] |
 
 
 def score_rows(hidden: torch.Tensor, norm: torch.nn.Module, lm_head: torch.nn.Module, targets: torch.Tensor,
-               ks: list[int], mode: str, rows_per_block: int) -> tuple[list[TokenLogprob], list[list[TokenLogprob] | None]]:
+               ks: list[int], mode: str, rows_per_block: int
+               ) -> tuple[list[TokenLogprob], list[list[TokenLogprob] | None], torch.Tensor]:
     """hidden: [R, hidden] pre-norm rows; targets: [R] the token each row scores.
-    Returns per row (value, target) and its top-k list (None where its k is 0)."""
+    Returns per row (value, target), its top-k list (None where its k is 0), and [R] float32 log-sum-exp of
+    its raw logits (kept by the caller so a later score of the same position needs no projection)."""
     values: list[TokenLogprob] = []
     tops: list[list[TokenLogprob] | None] = []
+    lses: list[torch.Tensor] = []
     for lo in range(0, hidden.shape[0], rows_per_block):
         hi = min(lo + rows_per_block, hidden.shape[0])
-        scores = row_scores(lm_head(norm(hidden[lo:hi])), mode)  # [rows, V]: the only vocab-wide buffer
+        logits = lm_head(norm(hidden[lo:hi])).float()  # [rows, V]: the only vocab-wide buffers
+        lse = torch.logsumexp(logits, dim=-1)
+        lses.append(lse)
+        scores = logits - lse[:, None] if mode == "raw_logprobs" else logits
         t = targets[lo:hi]
         picked = scores.gather(1, t[:, None])[:, 0]
         values.extend(zip(picked.tolist(), t.tolist(), strict=True))
         tops.extend(top_k_rows(scores, ks[lo:hi]))
-    return values, tops
+    return values, tops, torch.cat(lses)

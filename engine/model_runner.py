@@ -9,10 +9,11 @@ import torch
 
 from engine.attention import AttentionMetadata, TorchPagedAttention
 from engine.config import EngineConfig
-from engine.logprobs import row_scores, score_rows, top_k_rows
+from engine.logprobs import row_scores, top_k_rows
 from engine.outputs import TokenLogprob
 from engine.sampler import sample
 from engine.scheduler import SchedulerOutput
+from engine.scorer import RowScorer
 
 
 @dataclass
@@ -45,8 +46,11 @@ class ModelRunner:
         # so a scoring row in a cached block needs only the LM head. hidden/(2 x layers x kv_heads x head_dim)
         # of the KV cache's size: 5% for SmolLM2, 6% for an 8B Llama.
         hidden = model.config.hidden_size
+        store = config.hidden_state_store and config.enable_prefix_cache
         self.hidden_store = (torch.zeros(num_blocks * self.block_size, hidden, dtype=dtype, device=device)
-                             if config.hidden_state_store and config.enable_prefix_cache else None)
+                             if store else None)
+        self.scorer = RowScorer(model.model.norm, model.lm_head, config.logprobs_mode, config.score_rows_per_block,
+                                num_blocks * self.block_size, device, lse_store=store)
 
     @staticmethod
     def bytes_per_block(model: torch.nn.Module, block_size: int) -> int:
@@ -63,6 +67,8 @@ class ModelRunner:
         score_tgt: list[int] = []
         score_k: list[int] = []
         score_count: list[int] = []
+        score_slot: list[int] = []
+        score_cached: list[bool] = []
         sample_idx: list[int] = []
         sample_chunk: list[int] = []
         stored_slots: list[int] = []  # scoring rows read from the hidden-state store
@@ -85,11 +91,13 @@ class ModelRunner:
                 lo = seq.next_score_position
                 hi = min(seq.last_score_position, start + n - 1)
                 for p in range(lo, hi + 1):
+                    slot = seq.block_table[p // self.block_size] * self.block_size + p % self.block_size
+                    score_slot.append(slot)
+                    score_cached.append(p < start)
                     if p < start:  # a cached position: its hidden state is in the store
                         assert self.hidden_store is not None, "cached scoring row without a hidden store"
                         score_idx.append(total + len(stored_slots))
-                        stored_slots.append(seq.block_table[p // self.block_size] * self.block_size
-                                            + p % self.block_size)
+                        stored_slots.append(slot)
                     else:
                         score_idx.append(offset + p - start)
                     score_tgt.append(seq.token_ids[p + 1])
@@ -106,6 +114,7 @@ class ModelRunner:
                                 self.kv_caches, meta, self.backend)  # [T, hidden]
             if self.hidden_store is not None:
                 self.hidden_store.index_copy_(0, meta.slot_mapping, hidden)
+                self.scorer.forget(meta.slot_mapping)
         else:  # every request in the step is served from the cache: no transformer layer runs
             hidden = torch.empty(0, self.model.config.hidden_size, device=self.device,
                                  dtype=self.model.model.embed_tokens.weight.dtype)
@@ -114,12 +123,11 @@ class ModelRunner:
             hidden = torch.cat([hidden, self.hidden_store[torch.tensor(stored_slots, device=self.device)]])
 
         results = [ChunkResult([], []) for _ in sched.chunks]
-        mode = self.config.logprobs_mode
         if score_idx:
-            values, tops = score_rows(hidden[torch.tensor(score_idx, device=self.device)],
-                                      self.model.model.norm, self.model.lm_head,
-                                      torch.tensor(score_tgt, device=self.device), score_k, mode,
-                                      self.config.score_rows_per_block)
+            values, tops = self.scorer.score(hidden[torch.tensor(score_idx, device=self.device)],
+                                             torch.tensor(score_tgt, device=self.device), score_k,
+                                             torch.tensor(score_slot, device=self.device),
+                                             torch.tensor(score_cached, device=self.device))
             at = 0
             for ci, count in enumerate(score_count):
                 results[ci].score_logprobs = values[at:at + count]

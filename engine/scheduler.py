@@ -53,7 +53,6 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        scheduled: set[int] = set()
 
         # 1. Running requests, oldest first: decodes and the next chunks of chunked prefills.
         i = 0
@@ -68,7 +67,7 @@ class Scheduler:
                     break
             else:
                 out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
-                scheduled.add(id(seq))
+                self.kv.cache_full_blocks(seq, seq.num_computed_tokens + n)
                 budget -= n
                 i += 1
                 continue
@@ -99,6 +98,7 @@ class Scheduler:
                 seq.scheduled_time = time.monotonic()
             self.running.append(seq)
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            self.kv.cache_full_blocks(seq, seq.num_computed_tokens + n)
             budget -= n
         return out
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from engine.kv_cache_manager import KVCacheManager
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from tests.conftest import hf_scores
+from tests.conftest import hf_logits, hf_scores
 from tests.engine_helpers import greedy, make_engine, scoring
 from tests.test_engine_scoring import assert_rows, rand_ids
 
@@ -24,7 +25,7 @@ def _fill(kv: KVCacheManager, seq: Sequence) -> None:
     """Pretend the whole prompt was computed and register its full blocks."""
     assert kv.allocate(seq, seq.num_tokens - seq.num_computed_tokens)
     seq.num_computed_tokens = seq.num_tokens
-    kv.cache_full_blocks(seq)
+    kv.cache_full_blocks(seq, seq.num_tokens)
 
 
 def test_chained_hash_shares_only_equal_prefixes() -> None:
@@ -95,17 +96,28 @@ def test_scoring_equal_cold_warm_evicted_store_off(tiny_models, family: str) -> 
     items = _mc_items(n_ctx=3, ctx_len=22, end_len=6, seed=1)
     cases = [(ids, n) for ids, n in items] + [(ids, 0) for ids, _ in items] + [(ids, len(ids) - 2) for ids, _ in items]
     expected = [hf_scores(path, ids, n) for ids, n in cases]
+    logits = [hf_logits(path, ids) for ids, _ in cases]
+    # k = 2 on every third request, 0 elsewhere: k = 0 rows at cached positions take the log-sum-exp shortcut.
+    ks = [2 if i % 3 == 0 else 0 for i in range(len(cases))]
     configs = {
         "store-on": dict(enable_prefix_cache=True),
         "store-off": dict(enable_prefix_cache=True, hidden_state_store=False),
         "evicting": dict(enable_prefix_cache=True, num_kv_blocks=14),  # 56 tokens: constant eviction
+        "raw-logits": dict(enable_prefix_cache=True, logprobs_mode="raw_logits"),
     }
     for name, cfg in configs.items():
         eng = make_engine(path, max_num_batched_tokens=16, **cfg)
         for round_ in range(2):  # cold, then warm (or partly evicted)
-            outs = eng.generate([ids for ids, _ in cases], [scoring(n, k=2) for _, n in cases], check=True)
-            for (ids, n), out, exp in zip(cases, outs, expected, strict=True):
+            outs = eng.generate([ids for ids, _ in cases], [scoring(n, k=k) for (_, n), k in zip(cases, ks, strict=True)],
+                                check=True)
+            for (ids, n), out, exp, lg, k in zip(cases, outs, expected, logits, ks, strict=True):
+                if name == "raw-logits":
+                    exp = lg[torch.arange(n, len(ids) - 1), torch.tensor(ids[n + 1:])].tolist()
                 assert_rows(out.input_token_logprobs, ids, n, exp)
+                if k:
+                    vals = lg if name == "raw-logits" else torch.log_softmax(lg, -1)
+                    for row, pos in zip(out.input_top_logprobs, range(n, len(ids) - 1), strict=True):
+                        assert [t for _, t in row] == torch.topk(vals[pos], k).indices.tolist()
             if round_ == 1 and name != "evicting":
                 assert sum(o.cached_tokens for o in outs) > 0, name
         st = eng.stats()
@@ -166,3 +178,16 @@ def test_mixed_batch_with_cache_and_preemption(tiny_models) -> None:
             if e.input_token_logprobs is not None:
                 assert [v for v, _ in g.input_token_logprobs] == pytest.approx([v for v, _ in e.input_token_logprobs], abs=ATOL)
     assert eng.kv.pool.num_free == eng.kv.pool.num_blocks
+
+
+def test_requests_in_the_same_step_share_a_new_prefix(tiny_models) -> None:
+    """Four endings of one context submitted together: the first computes the context, the other three
+    share its blocks in the same step (K/V are written before attention reads, per layer)."""
+    path = tiny_models["llama"]
+    eng = make_engine(path, enable_prefix_cache=True, max_num_batched_tokens=256)
+    ctx = rand_ids(40, 9)
+    prompts = [ctx + rand_ids(5, 20 + i) for i in range(4)]
+    outs = eng.generate(prompts, [scoring(0)] * 4, check=True)
+    assert [o.cached_tokens for o in outs] == [0, 40, 40, 40]
+    for ids, out in zip(prompts, outs, strict=True):
+        assert_rows(out.input_token_logprobs, ids, 0, hf_scores(path, ids, 0))

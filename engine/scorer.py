@@ -1,0 +1,58 @@
+"""Scoring rows: the compact, block-wise projection, plus a per-position log-sum-exp store so that a row whose
+log-sum-exp is already known (a cached position scored before) costs one dot product instead of a vocab-wide
+projection: logprob(t) = h . W[t] - logsumexp(h . W). Exact either way (float32)."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.logprobs import score_rows
+from engine.outputs import TokenLogprob
+
+
+class RowScorer:
+    def __init__(self, norm: torch.nn.Module, lm_head: torch.nn.Module, mode: str, rows_per_block: int,
+                 num_slots: int, device: torch.device, lse_store: bool) -> None:
+        self.norm, self.lm_head, self.mode, self.rows_per_block = norm, lm_head, mode, rows_per_block
+        # NaN = unknown. Only raw_logprobs needs it: raw_logits rows are a dot product already.
+        self.lse = (torch.full((num_slots,), float("nan"), dtype=torch.float32, device=device)
+                    if lse_store and mode == "raw_logprobs" else None)
+
+    def forget(self, slots: torch.Tensor) -> None:
+        """Slots computed anew hold new content: their old log-sum-exp no longer applies."""
+        if self.lse is not None:
+            self.lse.index_fill_(0, slots, float("nan"))
+
+    def score(self, hidden: torch.Tensor, targets: torch.Tensor, ks: list[int], slots: torch.Tensor,
+              cached: torch.Tensor) -> tuple[list[TokenLogprob], list[list[TokenLogprob] | None]]:
+        """hidden: [R, H] pre-norm rows; targets, slots: [R]; cached: [R] bool, rows at cached positions
+        (only those may take the shortcut: a fresh row's slot may not be final yet)."""
+        device = hidden.device
+        need_k = torch.tensor([k > 0 for k in ks], device=device, dtype=torch.bool)
+        if self.mode == "raw_logits":
+            fast = cached & ~need_k
+        elif self.lse is not None:
+            fast = cached & ~need_k & ~torch.isnan(self.lse[slots])
+        else:
+            fast = torch.zeros_like(cached)
+        values: list[TokenLogprob | None] = [None] * len(ks)
+        tops: list[list[TokenLogprob] | None] = [None] * len(ks)
+        full_rows = (~fast).nonzero()[:, 0]
+        if len(full_rows):
+            sel = full_rows.tolist()
+            v, t, lse = score_rows(hidden[full_rows], self.norm, self.lm_head, targets[full_rows],
+                                   [ks[i] for i in sel], self.mode, self.rows_per_block)
+            for j, i in enumerate(sel):
+                values[i], tops[i] = v[j], t[j]
+            if self.lse is not None:
+                self.lse.index_copy_(0, slots[full_rows], lse)
+        fast_rows = fast.nonzero()[:, 0]
+        if len(fast_rows):
+            h = self.norm(hidden[fast_rows]).float()  # [F, H]
+            w = self.lm_head.weight[targets[fast_rows]].float()  # [F, H]
+            picked = (h * w).sum(-1)
+            if self.lse is not None:
+                picked = picked - self.lse[slots[fast_rows]]
+            for i, val, tok in zip(fast_rows.tolist(), picked.tolist(), targets[fast_rows].tolist(), strict=True):
+                values[i] = (val, tok)
+        return values, tops  # type: ignore[return-value]
