@@ -235,7 +235,7 @@ def test_same_context_lands_on_same_worker(serve_url: str) -> None:
     from tests.serve_helpers import app_args, deploy
 
     deploy(APP, PREFIX, app_args(num_workers=2, kv_cache_mb=64, worker_num_cpus=0.5, num_threads=1,
-                                 prefix_aware_routing=False))
+                                 prefix_aware_routing=True))
     url = serve_url + PREFIX
     try:
         contexts = [toks(CTX_LEN, 10 + c) for c in range(4)]
@@ -262,7 +262,6 @@ def test_same_context_lands_on_same_worker(serve_url: str) -> None:
 
         # Once the engine has a prefix cache, every follow-up reuses the context's blocks (scoring from
         # position 79 reuses what lies before it: 4 full blocks).
-        print("CACHED", cached, pass2, placement)
         if any(cached + pass2):
             assert all(n >= 64 for n in pass2), pass2
     finally:
