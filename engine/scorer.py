@@ -29,30 +29,45 @@ class RowScorer:
         (only those may take the shortcut: a fresh row's slot may not be final yet)."""
         device = hidden.device
         need_k = torch.tensor([k > 0 for k in ks], device=device, dtype=torch.bool)
-        if self.mode == "raw_logits":
-            fast = cached & ~need_k
-        elif self.lse is not None:
-            fast = cached & ~need_k & ~torch.isnan(self.lse[slots])
-        else:
-            fast = torch.zeros_like(cached)
         values: list[TokenLogprob | None] = [None] * len(ks)
         tops: list[list[TokenLogprob] | None] = [None] * len(ks)
-        full_rows = (~fast).nonzero()[:, 0]
-        if len(full_rows):
-            sel = full_rows.tolist()
-            v, t, lse = score_rows(hidden[full_rows], self.norm, self.lm_head, targets[full_rows],
-                                   [ks[i] for i in sel], self.mode, self.rows_per_block)
-            for j, i in enumerate(sel):
-                values[i], tops[i] = v[j], t[j]
-            if self.lse is not None:
-                self.lse.index_copy_(0, slots[full_rows], lse)
-        fast_rows = fast.nonzero()[:, 0]
-        if len(fast_rows):
-            h = self.norm(hidden[fast_rows]).float()  # [F, H]
-            w = self.lm_head.weight[targets[fast_rows]].float()  # [F, H]
-            picked = (h * w).sum(-1)
-            if self.lse is not None:
-                picked = picked - self.lse[slots[fast_rows]]
-            for i, val, tok in zip(fast_rows.tolist(), picked.tolist(), targets[fast_rows].tolist(), strict=True):
-                values[i] = (val, tok)
+        if self.mode == "raw_logits":
+            self._full(hidden, targets, ks, slots, ~cached | need_k, values, tops)
+            self._fast(hidden, targets, slots, cached & ~need_k, values)
+        elif self.lse is not None:
+            # Fresh rows first: they fill in the log-sum-exp that cached rows of the same positions, shared in
+            # this very step by other requests, then read.
+            self._full(hidden, targets, ks, slots, ~cached | need_k, values, tops)
+            rest = cached & ~need_k
+            known = rest & ~torch.isnan(self.lse[slots])
+            self._full(hidden, targets, ks, slots, rest & ~known, values, tops)
+            self._fast(hidden, targets, slots, known, values)
+        else:
+            self._full(hidden, targets, ks, slots, torch.ones_like(cached), values, tops)
         return values, tops  # type: ignore[return-value]
+
+    def _full(self, hidden: torch.Tensor, targets: torch.Tensor, ks: list[int], slots: torch.Tensor,
+              mask: torch.Tensor, values: list, tops: list) -> None:
+        rows = mask.nonzero()[:, 0]
+        if not len(rows):
+            return
+        sel = rows.tolist()
+        v, t, lse = score_rows(hidden[rows], self.norm, self.lm_head, targets[rows], [ks[i] for i in sel],
+                               self.mode, self.rows_per_block)
+        for j, i in enumerate(sel):
+            values[i], tops[i] = v[j], t[j]
+        if self.lse is not None:
+            self.lse.index_copy_(0, slots[rows], lse)
+
+    def _fast(self, hidden: torch.Tensor, targets: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+              values: list) -> None:
+        rows = mask.nonzero()[:, 0]
+        if not len(rows):
+            return
+        h = self.norm(hidden[rows]).float()  # [F, H]
+        w = self.lm_head.weight[targets[rows]].float()  # [F, H]
+        picked = (h * w).sum(-1)
+        if self.lse is not None:
+            picked = picked - self.lse[slots[rows]]
+        for i, val, tok in zip(rows.tolist(), picked.tolist(), targets[rows].tolist(), strict=True):
+            values[i] = (val, tok)
