@@ -205,3 +205,21 @@ def test_disconnect_non_streaming_frees_the_request(url: str) -> None:
     while not _idle(APP):
         assert time.monotonic() < deadline, "request still running after the client left"
         time.sleep(0.2)
+
+
+def test_scoring_same_cold_and_warm_over_http(url: str, smollm2_path) -> None:
+    """A context scored against several endings: warm answers come from cached blocks (cached_tokens > 0)
+    and still equal the transformers forward."""
+    ctx = ids_of(70, 77)
+    for i, n in enumerate((0, 40, 70 + 6 - 2)):
+        ids = ctx + ids_of(6, 300 + i)
+        for _ in range(2):
+            body = httpx.post(url + "/generate", json=score_body(ids, n), timeout=120).json()
+            rows = body["meta_info"]["input_token_logprobs"]
+            expected = hf_scores(smollm2_path, ids, n)
+            assert max(abs(v - e) for (v, _), e in zip(rows, expected, strict=True)) <= ATOL
+    # Blocks of 16: the 70-token context holds 4 full blocks. Of 3 identical requests over 2 workers, two
+    # reach the same worker, and the later of those is served from its cache whatever the routing.
+    cached = [httpx.post(url + "/generate", json=score_body(ctx + ids_of(6, 300), 0), timeout=120).json()[
+        "meta_info"]["cached_tokens"] for _ in range(3)]
+    assert max(cached) >= 64, cached
