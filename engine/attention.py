@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -20,6 +20,38 @@ class AttentionMetadata:
     lens: list[int]
     # Per request: [start + len] slots holding its whole context (cached and new), in position order.
     context_slots: list[torch.Tensor]
+    # Decoding requests (one new token after a cached context) are attended in one batched call:
+    # their token rows in the flat batch, [B, S_max] context slots (padding repeats a valid slot) and the
+    # [B, 1, 1, S_max] mask of real keys. Built by finalize().
+    decode_rows: torch.Tensor | None = None
+    decode_slots: torch.Tensor | None = None
+    decode_mask: torch.Tensor | None = None
+    # Indices (into starts/lens/context_slots) of the requests attended one by one (prefill chunks), and
+    # each request's first row in the flat batch.
+    others: list[int] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+    def finalize(self, device: torch.device) -> None:
+        offsets, offset = [], 0
+        for n in self.lens:
+            offsets.append(offset)
+            offset += n
+        self.offsets = offsets
+        dec = [i for i, (s, n) in enumerate(zip(self.starts, self.lens, strict=True)) if n == 1 and s > 0]
+        self.others = [i for i in range(len(self.lens)) if i not in set(dec)]
+        if len(dec) < 2:  # nothing to batch
+            self.others = list(range(len(self.lens)))
+            return
+        s_max = max(self.starts[i] + 1 for i in dec)
+        slots = torch.zeros(len(dec), s_max, dtype=torch.long, device=device)
+        mask = torch.zeros(len(dec), s_max, dtype=torch.bool, device=device)
+        for b, i in enumerate(dec):
+            n = self.starts[i] + 1
+            slots[b, :n] = self.context_slots[i]
+            mask[b, :n] = True
+        self.decode_rows = torch.tensor([offsets[i] for i in dec], device=device)
+        self.decode_slots = slots
+        self.decode_mask = mask[:, None, None, :]
 
 
 class AttentionBackend(Protocol):
@@ -30,17 +62,28 @@ class AttentionBackend(Protocol):
 
 
 class TorchPagedAttention:
-    """Reference path that runs anywhere: write the new K/V into their slots, gather each request's context
-    from its blocks, causal attention with the chunk's offset."""
+    """Reference path that runs anywhere: write the new K/V into their slots, then attend. Decoding requests
+    go in one padded, masked call; prefill chunks gather their context and attend with the chunk's offset."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
-        groups = q.shape[1] // k.shape[1]
-        offset = 0
-        for start, n, slots in zip(meta.starts, meta.lens, meta.context_slots, strict=True):
+        hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+        groups = hq // hkv
+        if meta.decode_rows is not None:
+            assert meta.decode_slots is not None and meta.decode_mask is not None
+            b = meta.decode_rows.shape[0]
+            # One query per request: fold the query heads of a KV group into the query-length axis, so
+            # GQA needs no repeat of K/V. [B, Hkv, G, D] against [B, Hkv, S_max, D].
+            qd = q.index_select(0, meta.decode_rows).view(b, hkv, groups, d)
+            kd = k_cache[meta.decode_slots].transpose(1, 2)
+            vd = v_cache[meta.decode_slots].transpose(1, 2)
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
+            out.index_copy_(0, meta.decode_rows, od.reshape(b, hq, d))
+        for i in meta.others:
+            start, n, slots, offset = meta.starts[i], meta.lens[i], meta.context_slots[i], meta.offsets[i]
             # 4-D [1, H, S, D]: CPU's fused (flash) SDPA kernel takes only 4-D inputs, else the math path.
             qi = q[offset:offset + n].transpose(0, 1)[None]  # [1, Hq, n, D]
             if start == 0:
@@ -59,7 +102,6 @@ class TorchPagedAttention:
                     mask = kpos <= qpos  # [n, start + n]
                 oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale)
             out[offset:offset + n] = oi[0].transpose(0, 1)
-            offset += n
         return out
 
 
