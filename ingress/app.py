@@ -21,6 +21,7 @@ from ingress.errors import (
     unavailable,
     worker_failed,
 )
+from ingress.openai_routes import openai_router
 from ingress.responses import chunk_json
 from ingress.schemas import ErrorBody, GenerateBody, GenerateResponse, HealthBody
 from ingress.streaming import SSEResponse, sse_events
@@ -137,4 +138,6 @@ def build_fastapi_app(backend: Backend) -> FastAPI:
         response_model=None,
         responses={200: {"model": HealthBody}, 503: {"model": HealthBody}},
     )
+    # /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info (openai_routes.py).
+    app.include_router(openai_router(backend))
     return app

@@ -11,7 +11,7 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Protocol
 
-from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo
+from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo
 
 if TYPE_CHECKING:  # Ray is only needed once a handle exists; tests of the routes never import it.
     from ray.serve.handle import DeploymentHandle
@@ -36,9 +36,27 @@ class Backend(Protocol):
         """True when at least one worker answers; never raises."""
         ...
 
+    # The served tokenizer, for the OpenAI-compatible routes (the ingress has none of its own).
+    # Each raises when no worker can answer.
+    async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """`text`'s ids; by default exactly as a text prompt of `generate` is tokenized."""
+        ...
+
+    async def detokenize(self, ids: list[int]) -> str:
+        """The text of in-vocabulary `ids`, special tokens included."""
+        ...
+
+    async def token_texts(self, ids: list[int]) -> list[str]:
+        """Each in-vocabulary id decoded alone."""
+        ...
+
+    async def tokenizer_info(self) -> TokenizerInfo:
+        ...
+
 
 class HandleBackend:
-    """Backend over the worker deployment: `generate` (streaming), `model_info`, `stats`."""
+    """Backend over the worker deployment: `generate` (streaming), `model_info`, `stats` and the tokenizer's
+    `tokenize`, `detokenize`, `token_texts`, `tokenizer_info`."""
 
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0) -> None:
         self._worker = worker
@@ -46,6 +64,7 @@ class HandleBackend:
         self._ready_timeout_s = ready_timeout_s
         # Every replica serves the same model, so the first answer holds for the deployment's lifetime.
         self._info: ModelInfo | None = None
+        self._tokenizer_info: TokenizerInfo | None = None
 
     async def model_info(self) -> ModelInfo:
         if self._info is None:
@@ -65,6 +84,20 @@ class HandleBackend:
             # asyncio.CancelledError at its current await and aborts the request in the engine.
             if not finished:
                 response.cancel()
+
+    async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return await self._worker.tokenize.remote(text, add_special_tokens)
+
+    async def detokenize(self, ids: list[int]) -> str:
+        return await self._worker.detokenize.remote(ids)
+
+    async def token_texts(self, ids: list[int]) -> list[str]:
+        return await self._worker.token_texts.remote(ids)
+
+    async def tokenizer_info(self) -> TokenizerInfo:
+        if self._tokenizer_info is None:
+            self._tokenizer_info = await self._worker.tokenizer_info.remote()
+        return self._tokenizer_info
 
     async def ready(self) -> bool:
         response = self._worker.stats.remote()

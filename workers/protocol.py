@@ -24,6 +24,24 @@ class ModelInfo:
     logprobs_mode: str
 
 
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """The served tokenizer's special tokens and chat template (GET /tokenizer_info, lm-eval's remote
+    tokenizer). Strings are as the tokenizer spells them; None where the tokenizer has no such token."""
+
+    model_name: str
+    tokenizer_class: str
+    vocab_size: int
+    max_model_len: int
+    eos_token: str | None
+    eos_token_id: int | None
+    bos_token: str | None
+    bos_token_id: int | None
+    pad_token: str | None
+    pad_token_id: int | None
+    chat_template: str | None
+
+
 @dataclass
 class GenerateRequest:
     rid: str

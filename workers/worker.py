@@ -14,14 +14,15 @@ from ray import serve
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from workers.convert import error_chunk, to_chunk, to_params
-from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, WorkerStats
+from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo, WorkerStats
 
 log = logging.getLogger("ray.serve")
 
 
 class EngineWorker:
     """Serve deployment body (bound with options in deploy/app.py). Methods called through a handle:
-    `generate` (stream=True), `model_info`, `stats`; Serve calls `check_health`."""
+    `generate` (stream=True), `model_info`, `stats`, and the tokenizer's `tokenize`, `detokenize`,
+    `token_texts`, `tokenizer_info` (for the OpenAI-compatible routes); Serve calls `check_health`."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None) -> None:
         cfg = EngineConfig(**engine_config)
@@ -50,6 +51,32 @@ class EngineWorker:
 
     async def model_info(self) -> ModelInfo:
         return self.info
+
+    async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The ids of `text`; by default exactly as `generate` tokenizes a text prompt (no special tokens)."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    async def detokenize(self, ids: list[int]) -> str:
+        """The text of `ids`, special tokens included (the ingress checks ids against the vocabulary)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    async def token_texts(self, ids: list[int]) -> list[str]:
+        """Each id decoded alone, special tokens included: OpenAI's per-token strings (`logprobs.tokens`)."""
+        return self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)
+
+    async def tokenizer_info(self) -> TokenizerInfo:
+        tok = self.tokenizer
+
+        def text(name: str) -> str | None:
+            value = getattr(tok, name, None)
+            return value if isinstance(value, str) else None
+
+        return TokenizerInfo(
+            model_name=self.info.model_name, tokenizer_class=type(tok).__name__,
+            vocab_size=self.info.vocab_size, max_model_len=self.info.max_model_len,
+            eos_token=text("eos_token"), eos_token_id=tok.eos_token_id, bos_token=text("bos_token"),
+            bos_token_id=tok.bos_token_id, pad_token=text("pad_token"), pad_token_id=tok.pad_token_id,
+            chat_template=text("chat_template"))
 
     async def stats(self) -> WorkerStats:
         s = self.engine.stats()

@@ -1,0 +1,96 @@
+"""rayscore against the tools people would use instead, on one machine, in one run.
+
+    python -m bench run [--quick] [--workload NAME ...] [--model PATH] [--reps N]
+    python -m bench list
+
+Workloads (default: all, in this order): long (1 long scoring, MFU, bf16, memory), short (2 many short scoring
+requests), mc (3 multiple choice with shared contexts), gen (4 generation), http (5 over HTTP, one and two
+workers). Every ratio comes from both sides run here, alternating, median of --reps repetitions. Prints one
+table and writes bench/results/<timestamp>.json and .md. llama.cpp (llama-cpp-python) joins when installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from bench.harness import Settings, set_threads
+from bench.report import Row, environment, table_text, write
+
+
+def _parser() -> argparse.ArgumentParser:
+    from engine.config import DEFAULT_MODEL
+
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run the workloads and print the table")
+    r.add_argument("--quick", action="store_true", help="every workload shrunk: a few minutes in all")
+    r.add_argument("--smoke", action="store_true", help="tiny sizes, to check that the harness runs (figures "
+                   "meaningless)")
+    r.add_argument("--workload", "-w", action="append", metavar="NAME",
+                   help="long, short, mc, gen, http or 1-5; repeat for several (default: all)")
+    r.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder (default: the embedded SmolLM2)")
+    r.add_argument("--reps", type=int, default=3, help="timed repetitions per side (median)")
+    r.add_argument("--threads", type=int, default=2, help="torch threads, the same for every side")
+    r.add_argument("--no-llamacpp", action="store_true", help="leave llama.cpp out even when installed")
+    r.add_argument("--http-concurrency", type=int, default=32, help="concurrent HTTP clients in workload 5")
+    r.add_argument("--slow-budget", type=float, default=None,
+                   help="seconds per repetition a very slow side (bf16 without CPU support) may take before it "
+                        "is measured on a shorter prompt (default 20 quick, 60 full)")
+    r.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
+    sub.add_parser("list", help="list the workloads")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    from bench.workloads import WORKLOADS, resolve
+
+    if args.command == "list":
+        for key, (name, _) in WORKLOADS.items():
+            print(f"{key:<6} {name}")
+        return
+    keys = resolve(args.workload)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    settings = Settings(model=args.model, mode=mode, reps=args.reps, threads=args.threads,
+                        use_llamacpp=not args.no_llamacpp, http_concurrency=args.http_concurrency,
+                        slow_side_budget_s=args.slow_budget or (60.0 if mode == "full" else 20.0))
+    set_threads(settings.threads)
+    from bench.context import Context
+
+    ctx = Context(settings)
+    env = environment(settings)
+    env["model_path"], env["llamacpp"] = str(ctx.model_path), ctx.llamacpp_status()
+    print(f"rayscore bench: {', '.join(WORKLOADS[k][0] for k in keys)}; {mode} run, "
+          f"{settings.reps} reps, {settings.threads} threads\n  model {ctx.model_path}\n  {env['cpu']}, torch "
+          f"{env['torch']}, transformers {env['transformers']}\n  {env['llamacpp']}", file=sys.stderr, flush=True)
+    rows: list[Row] = []
+    details: dict[str, Any] = {}
+    start = time.perf_counter()
+    for key in keys:
+        name, fn = WORKLOADS[key]
+        t0 = time.perf_counter()
+        try:
+            got, det = fn(ctx)
+        except Exception as e:  # keep the other workloads' results
+            traceback.print_exc()
+            got, det = [Row(name, "FAILED", "", None, note=f"{type(e).__name__}: {e}")], {"error": repr(e)}
+        det["wall_s"] = time.perf_counter() - t0
+        rows += got
+        details[key] = det
+        env["wall_s"] = time.perf_counter() - start
+        js, md = write(rows, details, env, args.out, stem=env.get("stem"))
+        env["stem"] = js.stem  # later workloads rewrite the same files
+        print(f"{name}: done in {det['wall_s']:.0f} s", file=sys.stderr, flush=True)
+    print()
+    print(table_text(rows))
+    print(f"\n{len(keys)} workloads in {time.perf_counter() - start:.0f} s; wrote {js} and {md}")
+
+
+if __name__ == "__main__":
+    main()

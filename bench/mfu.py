@@ -1,0 +1,52 @@
+"""Model FLOP utilization: the FLOPs a forward needs, over the peak FLOP/s of a large matmul of the same dtype
+measured in the same run on the same threads."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+
+def peak_matmul_flops(dtype: torch.dtype, max_size: int = 4096, max_seconds: float = 1.5,
+                      reps: int = 3) -> dict[str, Any]:
+    """Best median FLOP/s of square [n, n] @ [n, n] over n = 256, 512, ... up to max_size; stops growing n once
+    one product takes longer than max_seconds (bfloat16 without native CPU support is very slow)."""
+    by_size: dict[int, float] = {}
+    n = 256
+    while n <= max_size:
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        t0 = time.perf_counter()
+        torch.mm(a, b)  # warm-up (and a first estimate of the cost)
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(reps if first < max_seconds else 1):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            times.append(time.perf_counter() - t0)
+        by_size[n] = 2 * n**3 / statistics.median(times)
+        if first > max_seconds:
+            break
+        n *= 2
+    best = max(by_size, key=lambda k: by_size[k])
+    return {"flops": by_size[best], "size": best, "by_size": by_size}
+
+
+def linear_params(model: Any) -> tuple[int, int]:
+    """(weights of the transformer layers' linear maps, weights of the LM head), from a transformers model."""
+    layers = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    return layers, model.lm_head.weight.numel()
+
+
+def forward_flops(model: Any, tokens: int, scored_rows: int) -> float:
+    """FLOPs to run `tokens` tokens (one causal prompt, no cache) and project `scored_rows` rows through the
+    LM head: 2 x weights x tokens for the linear maps, plus causal attention: per layer and head, q.k and
+    p.v cost 2 x head_dim each per (query, key) pair, with L (L + 1) / 2 pairs."""
+    cfg = model.config
+    layer_w, head_w = linear_params(model)
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    attention = cfg.num_hidden_layers * heads * 2 * 2 * head_dim * tokens * (tokens + 1) / 2
+    return 2 * layer_w * tokens + 2 * head_w * scored_rows + attention

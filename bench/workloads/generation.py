@@ -1,0 +1,62 @@
+"""Workload 4, generation: concurrent greedy requests (prompts of 64-128 tokens), a fixed number of new tokens
+each (EOS ignored on every side), against transformers `generate` on the same batch, left-padded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import baselines as hf_side
+from bench import rayscore_side as rs
+from bench.context import Context
+from bench.harness import Side, alternate
+from bench.report import Goal, Row
+
+NAME = "4 generation"
+
+
+def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
+    s = ctx.settings
+    count, new = s.size((16, 64), (4, 16), (2, 4))
+    reqs = ctx.prompts.windows(401, ctx.prompts.lengths(401, count, 64, 128))
+    hf = ctx.transformers()
+    eng = rs.FreshEngine(lambda: rs.make_engine(ctx.model, s.threads))
+    sides = {
+        "rayscore": Side(lambda: rs.generate_greedy(eng.get(), reqs, new), eng.prepare),
+        "transformers generate": Side(lambda: hf_side.generate_padded(hf, reqs, new, ctx.pad_id)),
+    }
+    gguf = ctx.gguf()
+    llama = hf_side.LlamaCpp(gguf, 128 + new, s.threads, all_logits=False) if gguf else None
+    if llama:
+        sides["llama.cpp one by one"] = Side(lambda: [llama.generate(p, new) for p in reqs])
+    t = alternate(sides, s.reps, f"{NAME} ({count} requests x {new} tokens)")
+    eng.close()
+    tps = {k: t.rate(k, count * new) for k in sides}
+    ours, ref = t.warmup["rayscore"], t.warmup["transformers generate"]
+    same = sum(a == b for a, b in zip(ours, ref, strict=True))
+    prefix = sum(_common_prefix(a, b) for a, b in zip(ours, ref, strict=True))
+    label = f"generated tokens/s, {count} greedy requests × {new} tokens"
+    rows = [
+        Row(NAME, label, "tok/s", tps["rayscore"], "transformers generate, left-padded batch",
+            tps["transformers generate"], Goal(">=", 2.0)),
+        Row(NAME, "greedy tokens equal to transformers' (before any divergence)", "%",
+            100 * prefix / (count * new), note=f"{same}/{count} sequences identical"),
+    ]
+    details: dict[str, Any] = {"requests": count, "new_tokens": new, "seconds": t.seconds, "tokens_per_s": tps,
+                               "identical_sequences": same, "agreeing_prefix_tokens": prefix}
+    if llama:
+        rows.append(Row(NAME, label, "tok/s", tps["rayscore"], "llama.cpp, one request at a time (Q4_1 GGUF)",
+                        tps["llama.cpp one by one"]))
+        theirs = t.warmup["llama.cpp one by one"]
+        details["llamacpp_agreeing_prefix_tokens"] = sum(
+            _common_prefix(a, b) for a, b in zip(ours, theirs, strict=True))
+        llama.close()
+    return rows, details
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,68 @@
+"""Workload 2, many short scoring requests: prompts of 64-256 tokens submitted together, every row scored
+(N = 0), against transformers in padded batches and one forward per request."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from bench import baselines as hf_side
+from bench import rayscore_side as rs
+from bench.context import Context
+from bench.harness import Side, alternate, max_abs_diff
+from bench.report import Goal, Row
+
+NAME = "2 short scoring"
+# Padded tokens per transformers batch (rows x longest prompt, prompts sorted by length): the best of 1024,
+# 2048 and 4096 on this 2-core machine, and the engine's own max_num_batched_tokens.
+HF_TOKEN_BUDGET = 2048
+
+
+def prompts(ctx: Context, count: int, seed: int = 201) -> list[list[int]]:
+    return ctx.prompts.windows(seed, ctx.prompts.lengths(seed, count, 64, 256))
+
+
+def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
+    s = ctx.settings
+    reqs = prompts(ctx, s.size(256, 32, 4))
+    starts = [0] * len(reqs)
+    tokens = sum(len(p) for p in reqs)
+    hf = ctx.transformers()
+    eng = rs.FreshEngine(lambda: rs.make_engine(ctx.model, s.threads))
+    sides = {
+        "rayscore": Side(lambda: rs.score(eng.get(), reqs, starts), eng.prepare),
+        "transformers padded": Side(lambda: hf_side.score_padded(hf, reqs, starts, HF_TOKEN_BUDGET, ctx.pad_id)),
+        "transformers per request": Side(lambda: hf_side.score_each(hf, reqs, starts)),
+    }
+    gguf = ctx.gguf()
+    llama = hf_side.LlamaCpp(gguf, 256, s.threads, all_logits=True) if gguf else None
+    if llama:
+        sides["llama.cpp per request"] = Side(lambda: [llama.score(p, 0) for p in reqs])
+    t = alternate(sides, s.reps, f"{NAME} ({len(reqs)} prompts, {tokens} tokens)")
+    eng.close()
+    tps = {k: t.rate(k, tokens) for k in sides}
+    ours = [rs.rows(o) for o in t.warmup["rayscore"]]
+    ref = t.warmup["transformers per request"]
+    diff = max(max_abs_diff(a, b) for a, b in zip(ours, ref, strict=True))
+    padded_diff = max(max_abs_diff(a, b) for a, b in zip(t.warmup["transformers padded"], ref, strict=True))
+    label = f"scoring tokens/s, {len(reqs)} prompts of 64–256 tokens"
+    rows = [
+        Row(NAME, label, "tok/s", tps["rayscore"], "transformers padded batches", tps["transformers padded"],
+            Goal(">=", 1.5)),
+        Row(NAME, label, "tok/s", tps["rayscore"], "transformers, one forward per request",
+            tps["transformers per request"]),
+        Row(NAME, "max |logprob − transformers|, fp32", "", diff),
+    ]
+    details: dict[str, Any] = {"prompts": len(reqs), "tokens": tokens, "seconds": t.seconds, "tokens_per_s": tps,
+                               "max_abs_diff": diff, "padded_vs_per_request_max_abs_diff": padded_diff,
+                               "hf_token_budget": HF_TOKEN_BUDGET}
+    if llama:
+        theirs = t.warmup["llama.cpp per request"]
+        mean_ours = statistics.fmean(v for r in ours for v in r)
+        mean_theirs = statistics.fmean(v for r, _ in theirs for v in r)
+        rows += [Row(NAME, label, "tok/s", tps["rayscore"], "llama.cpp per request (Q4_1 GGUF)",
+                     tps["llama.cpp per request"]),
+                 Row(NAME, "mean logprob vs llama.cpp", "", mean_ours, "llama.cpp", mean_theirs)]
+        details["llamacpp"] = {"mean_logprob": mean_theirs}
+        llama.close()
+    return rows, details
