@@ -37,9 +37,11 @@ def score_rows(hidden: torch.Tensor, norm: torch.nn.Module, lm_head: torch.nn.Mo
     for lo in range(0, hidden.shape[0], rows_per_block):
         hi = min(lo + rows_per_block, hidden.shape[0])
         logits = lm_head(norm(hidden[lo:hi])).float()  # [rows, V]: the only vocab-wide buffers
-        lse = torch.logsumexp(logits, dim=-1)
-        lses.append(lse)
-        scores = logits - lse[:, None] if mode == "raw_logprobs" else logits
+        # torch's float32 log_softmax, as transformers users compute it: `logits - logsumexp` is as accurate but
+        # rounds differently (~2.5e-5 on a 49k vocabulary), which adds up over a multi-token continuation.
+        scores = row_scores(logits, mode)
+        # The log-sum-exp kept for the shortcut is the one log_softmax used, so shortcut rows match it too.
+        lses.append(logits[:, 0] - scores[:, 0] if mode == "raw_logprobs" else torch.logsumexp(logits, dim=-1))
         t = targets[lo:hi]
         picked = scores.gather(1, t[:, None])[:, 0]
         values.extend(zip(picked.tolist(), t.tolist(), strict=True))
