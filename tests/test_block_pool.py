@@ -57,7 +57,7 @@ def _seq(rid: str, n: int, max_tokens: int = 4) -> Sequence:
 
 
 def test_scheduler_chunks_within_token_budget() -> None:
-    kv = KVCacheManager(num_blocks=16, block_size=4)
+    kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_cache=False)
     sched = Scheduler(kv, max_num_batched_tokens=10, max_num_seqs=8)
     a, b = _seq("a", 7), _seq("b", 9)
     sched.add(a)
@@ -69,7 +69,7 @@ def test_scheduler_chunks_within_token_budget() -> None:
 
 
 def test_scheduler_respects_max_num_seqs() -> None:
-    kv = KVCacheManager(num_blocks=16, block_size=4)
+    kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_cache=False)
     sched = Scheduler(kv, max_num_batched_tokens=100, max_num_seqs=2)
     for i in range(3):
         sched.add(_seq(str(i), 3))
@@ -78,7 +78,7 @@ def test_scheduler_respects_max_num_seqs() -> None:
 
 
 def test_scheduler_preempts_newest_when_out_of_blocks() -> None:
-    kv = KVCacheManager(num_blocks=4, block_size=4)  # 16 tokens
+    kv = KVCacheManager(num_blocks=4, block_size=4, enable_prefix_cache=False)  # 16 tokens
     sched = Scheduler(kv, max_num_batched_tokens=100, max_num_seqs=8)
     a, b = _seq("a", 8), _seq("b", 8)
     sched.add(a)
