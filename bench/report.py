@@ -25,9 +25,13 @@ class Goal:
             return None
         return value >= self.target if self.op == ">=" else value <= self.target
 
-    def __str__(self) -> str:
+    def text(self, unit: str = "") -> str:
         sign = "≥" if self.op == ">=" else "≤"
-        return f"{sign} {self.target:g}{'×' if self.on == 'ratio' else ''}"
+        suffix = "×" if self.on == "ratio" else f" {unit}" if unit else ""
+        return f"{sign} {self.target:g}{suffix}"
+
+    def __str__(self) -> str:
+        return self.text()
 
 
 @dataclass
@@ -55,7 +59,7 @@ class Row:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        d["goal"] = str(self.goal) if self.goal else None
+        d["goal"] = self.goal.text(self.unit) if self.goal else None
         d["ratio"], d["met"] = self.ratio, self.met
         return d
 
@@ -81,7 +85,7 @@ def _cells(r: Row) -> list[str]:
     met = {True: "yes", False: "NO", None: ""}[r.met]
     return [r.workload, r.measure, fmt(r.rayscore, r.unit) + unit, r.baseline_name,
             (fmt(r.baseline, r.unit) + unit) if r.baseline is not None else "",
-            f"{r.ratio:.2f}" if r.ratio is not None else "", f"{r.goal} {met}".strip() if r.goal else ""]
+            f"{r.ratio:.2f}" if r.ratio is not None else "", f"{r.goal.text(r.unit)} {met}".strip() if r.goal else ""]
 
 
 HEADER = ["workload", "measure", "rayscore", "baseline", "baseline figure", "ratio", "goal"]
