@@ -7,7 +7,6 @@ is the median over the repetitions.
 
 from __future__ import annotations
 
-import gc
 import math
 import statistics
 import sys
@@ -58,6 +57,20 @@ class Timings:
     def rate(self, name: str, amount: float) -> float:
         """amount per second at the median time."""
         return amount / self.median(name)
+
+    def noise(self, *names: str, threshold: float = 1.3) -> str:
+        """A note when some side's slowest repetition took threshold x its fastest or more (other load on the
+        machine): the medians, and so the ratio, are less certain."""
+        spread = {n: max(self.seconds[n]) / min(self.seconds[n]) for n in names or self.seconds
+                  if self.seconds[n] and min(self.seconds[n]) > 0}
+        worst = max(spread, key=lambda n: spread[n], default=None)
+        if worst is None or spread[worst] < threshold:
+            return ""
+        return f"noisy: {worst}'s repetitions varied {spread[worst]:.1f}x (other load on the machine)"
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return {n: {"min": min(v), "median": statistics.median(v), "max": max(v)}
+                for n, v in self.seconds.items() if v}
 
 
 class Progress:
@@ -135,10 +148,6 @@ def time_once(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def set_threads(n: int) -> None:
     torch.set_num_threads(n)
-
-
-def free_memory() -> None:
-    gc.collect()
 
 
 def percentile(xs: list[float], q: float) -> float:

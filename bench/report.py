@@ -85,7 +85,8 @@ def _cells(r: Row) -> list[str]:
     met = {True: "yes", False: "NO", None: ""}[r.met]
     return [r.workload, r.measure, fmt(r.rayscore, r.unit) + unit, r.baseline_name,
             (fmt(r.baseline, r.unit) + unit) if r.baseline is not None else "",
-            f"{r.ratio:.2f}" if r.ratio is not None else "", f"{r.goal.text(r.unit)} {met}".strip() if r.goal else ""]
+            f"{r.ratio:.2f}" if r.ratio is not None else "",
+            f"{r.goal.text(r.unit)} {met}".strip() if r.goal else ""]
 
 
 HEADER = ["workload", "measure", "rayscore", "baseline", "baseline figure", "ratio", "goal"]

@@ -37,12 +37,12 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
     label = f"generated tokens/s, {count} greedy requests × {new} tokens"
     rows = [
         Row(NAME, label, "tok/s", tps["rayscore"], "transformers generate, left-padded batch",
-            tps["transformers generate"], Goal(">=", 2.0)),
+            tps["transformers generate"], Goal(">=", 2.0), t.noise("rayscore", "transformers generate")),
         Row(NAME, "greedy tokens equal to transformers' (before any divergence)", "%",
             100 * prefix / (count * new), note=f"{same}/{count} sequences identical"),
     ]
-    details: dict[str, Any] = {"requests": count, "new_tokens": new, "seconds": t.seconds, "tokens_per_s": tps,
-                               "identical_sequences": same, "agreeing_prefix_tokens": prefix}
+    details: dict[str, Any] = {"requests": count, "new_tokens": new, "seconds": t.seconds, "spread": t.summary(),
+                               "tokens_per_s": tps, "identical_sequences": same, "agreeing_prefix_tokens": prefix}
     if llama:
         rows.append(Row(NAME, label, "tok/s", tps["rayscore"], "llama.cpp, one request at a time (Q4_1 GGUF)",
                         tps["llama.cpp one by one"]))

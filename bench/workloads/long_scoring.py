@@ -51,15 +51,16 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
     gf = f"{peak32['flops'] / 1e9:.0f} GFLOP/s"
     rows = [
         Row(NAME, f"scoring tokens/s, {n} tokens, N = 0", "tok/s", tps["rayscore N=0"], "transformers forward",
-            tps["transformers N=0"], Goal(">=", 1.0)),
+            tps["transformers N=0"], Goal(">=", 1.0), t.noise("rayscore N=0", "transformers N=0")),
         Row(NAME, f"MFU, N = 0 (peak fp32 matmul {gf})", "%", mfu["rayscore N=0"], "transformers forward",
             mfu["transformers N=0"], Goal(">=", 70, "value")),
         Row(NAME, f"scoring tokens/s, N = L − {TAIL}", "tok/s", tps["rayscore N=L-64"],
-            "transformers forward (every row projected)", tps["transformers N=L-64"], Goal(">=", 1.3)),
+            "transformers forward (every row projected)", tps["transformers N=L-64"], Goal(">=", 1.3),
+            t.noise("rayscore N=L-64", "transformers N=L-64")),
         Row(NAME, "max |logprob − transformers|, fp32", "", max_abs_diff(ours, ref)),
     ]
-    details: dict[str, Any] = {"tokens": n, "seconds": t.seconds, "tokens_per_s": tps, "forward_flops": flops,
-                               "peak_fp32": peak32, "mfu_percent": mfu}
+    details: dict[str, Any] = {"tokens": n, "seconds": t.seconds, "spread": t.summary(), "tokens_per_s": tps,
+                               "forward_flops": flops, "peak_fp32": peak32, "mfu_percent": mfu}
     if llama:
         rows += _llamacpp_rows(fp32, ids, t.warmup["llama.cpp N=0"], tps, details)
         llama.close()
@@ -92,9 +93,9 @@ def _bf16(ctx: Context, n: int, details: dict[str, Any]) -> list[Row]:
     s = ctx.settings
     hf = ctx.transformers()
     bf16 = rs.FreshEngine(lambda: rs.make_engine(ctx.model, s.threads, dtype="bfloat16"))
-    probe = ctx.prompts.windows(102, [PROBE])[0]
+    warm, probe = ctx.prompts.windows(102, [PROBE, PROBE])  # two prompts: the second must miss the prefix cache
     bf16.prepare()
-    rs.score(bf16.get(), [probe], [0])
+    rs.score(bf16.get(), [warm], [0])
     probe_s, _ = time_once(lambda: rs.score(bf16.get(), [probe], [0]))
     m = n
     while m > PROBE and probe_s * m / PROBE > s.slow_side_budget_s:
@@ -109,9 +110,11 @@ def _bf16(ctx: Context, n: int, details: dict[str, Any]) -> list[Row]:
                                         strict=True)]
     tps = {k: t.rate(k, m) for k in sides}
     mfu = 100 * forward_flops(hf, m, m - 1) / t.median("rayscore bf16") / peak16["flops"]
-    note = "" if m == n else (f"measured on {m} tokens, not {n}: a {PROBE}-token probe took {probe_s:.1f} s in "
-                              f"bfloat16 (peak bf16 matmul here: {peak16['flops'] / 1e9:.1f} GFLOP/s)")
-    details["bf16"] = {"tokens": m, "probe_s": probe_s, "seconds": t.seconds, "tokens_per_s": tps,
+    note = t.noise() if m == n else (
+        f"measured on {m} tokens, not {n}: a {PROBE}-token probe took {probe_s:.1f} s in bfloat16 (peak bf16 "
+        f"matmul here: {peak16['flops'] / 1e9:.1f} GFLOP/s)")
+    details["bf16"] = {"tokens": m, "probe_s": probe_s, "seconds": t.seconds, "spread": t.summary(),
+                       "tokens_per_s": tps,
                        "max_abs_diff": max(diffs), "mean_abs_diff": statistics.fmean(diffs),
                        "peak_bf16": peak16, "mfu_percent": mfu}
     gf = f"{peak16['flops'] / 1e9:.1f} GFLOP/s"
