@@ -58,6 +58,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device) -> tuple[torc
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
+    model.fuse_projections()
     model.rope.to(device)
     model.eval()
     model.requires_grad_(False)

@@ -10,6 +10,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from engine.attention import AttentionBackend, AttentionMetadata
+from engine.models.linear import Linear
 from engine.models.rope import RotaryEmbedding
 
 
@@ -34,18 +35,28 @@ class Attention(nn.Module):
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.scale = self.head_dim ** -0.5
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=o_bias)
+        self.q_proj = Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=o_bias)
+        self.qkv_proj: Linear | None = None
+
+    def fuse(self) -> None:
+        """One [Hq + 2 Hkv] x D projection instead of three (vLLM's QKVParallelLinear): one larger matmul uses the
+        cores better than a wide one and two narrow ones (k/v are a third of q's width with GQA)."""
+        self.qkv_proj = _fused([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        assert self.qkv_proj is not None, "fuse() after loading the weights"
+        q, k, v = self.qkv_proj(x).split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                                          self.num_kv_heads * self.head_dim], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         q, k = rope.apply(q, k, cos, sin)
         o = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
@@ -55,13 +66,34 @@ class MLP(nn.Module):
     def __init__(self, cfg: Any) -> None:
         super().__init__()
         bias = bool(getattr(cfg, "mlp_bias", False))
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
         self.act = ACT2FN[cfg.hidden_act]
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj: Linear | None = None
+
+    def fuse(self) -> None:
+        """gate and up as one matmul (vLLM's MergedColumnParallelLinear)."""
+        self.gate_up_proj = _fused([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        assert self.gate_up_proj is not None, "fuse() after loading the weights"
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(self.act(gate).mul_(up))
+
+
+def _fused(parts: list[Linear]) -> Linear:
+    """The linears' outputs side by side: weights (and biases) concatenated along the output axis. Same values
+    as the separate layers (each output is the same dot product), up to the matmul's summation order."""
+    w = torch.cat([p.weight for p in parts])
+    bias = parts[0].bias is not None
+    fused = Linear(w.shape[1], w.shape[0], bias=bias, device="meta")
+    fused.weight = nn.Parameter(w, requires_grad=False)
+    if bias:
+        fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+    return fused
 
 
 class DecoderLayer(nn.Module):
@@ -92,7 +124,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = DecoderModel(cfg, *self.attention_biases(cfg))
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         self.rope = RotaryEmbedding(cfg)
         head = self.model.layers[0].self_attn if cfg.num_hidden_layers else None
@@ -102,6 +134,12 @@ class LlamaForCausalLM(nn.Module):
     def tie_weights(self) -> None:
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def fuse_projections(self) -> None:
+        """After loading by checkpoint name: merge q/k/v and gate/up into single matmuls."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
