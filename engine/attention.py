@@ -21,8 +21,8 @@ class AttentionMetadata:
     # Per request: [start + len] slots holding its whole context (cached and new), in position order.
     context_slots: list[torch.Tensor]
     # Decoding requests (one new token after a cached context) are attended in one batched call:
-    # their token rows in the flat batch, [B, S_max] context slots (padding repeats a valid slot) and the
-    # [B, 1, 1, S_max] mask of real keys. Built by finalize().
+    # their token rows in the flat batch, [B * S_max] context slots (padding repeats a valid slot) and the
+    # [B, 1, 1, S_max] additive mask (0 for real keys, -inf for padding) in the model dtype. Built by finalize().
     decode_rows: torch.Tensor | None = None
     decode_slots: torch.Tensor | None = None
     decode_mask: torch.Tensor | None = None
@@ -31,7 +31,7 @@ class AttentionMetadata:
     others: list[int] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
 
-    def finalize(self, device: torch.device) -> None:
+    def finalize(self, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         offsets, offset = [], 0
         for n in self.lens:
             offsets.append(offset)
@@ -50,8 +50,11 @@ class AttentionMetadata:
             slots[b, :n] = self.context_slots[i]
             mask[b, :n] = True
         self.decode_rows = torch.tensor([offsets[i] for i in dec], device=device)
-        self.decode_slots = slots
-        self.decode_mask = mask[:, None, None, :]
+        # Flat, for index_select (4x faster than advanced indexing on CPU); a float mask, which CPU SDPA takes
+        # 2x faster than a boolean one here.
+        self.decode_slots = slots.flatten()
+        bias = torch.zeros(len(dec), s_max, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
+        self.decode_mask = bias[:, None, None, :]
 
 
 class AttentionBackend(Protocol):
@@ -78,8 +81,8 @@ class TorchPagedAttention:
             # One query per request: fold the query heads of a KV group into the query-length axis, so
             # GQA needs no repeat of K/V. [B, Hkv, G, D] against [B, Hkv, S_max, D].
             qd = q.index_select(0, meta.decode_rows).view(b, hkv, groups, d)
-            kd = k_cache[meta.decode_slots].transpose(1, 2)
-            vd = v_cache[meta.decode_slots].transpose(1, 2)
+            kd = k_cache.index_select(0, meta.decode_slots).view(b, -1, hkv, d).transpose(1, 2)
+            vd = v_cache.index_select(0, meta.decode_slots).view(b, -1, hkv, d).transpose(1, 2)
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
             out.index_copy_(0, meta.decode_rows, od.reshape(b, hq, d))
         for i in meta.others:

@@ -110,7 +110,7 @@ class ModelRunner:
             offset += n
         if total > 0:
             meta.slot_mapping = torch.cat(new_slots)
-            meta.finalize(self.device)
+            meta.finalize(self.device, self.model.model.embed_tokens.weight.dtype)
             hidden = self.model(torch.tensor(ids, device=self.device), torch.cat(positions),
                                 self.kv_caches, meta, self.backend)  # [T, hidden]
             if self.hidden_store is not None:
