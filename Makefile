@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/python -m bench.engine_scoring
+	$(BIN)/python -m bench run
 
 clean:
 	rm -rf $(VENV)

@@ -20,7 +20,7 @@ def peak_matmul_flops(dtype: torch.dtype, max_size: int = 4096, max_seconds: flo
     while n <= max_size:
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
         slow = False
-        for layout, fn in (("a@b", torch.mm), ("a@b.T", torch.nn.functional.linear)):
+        for layout, fn in _layouts(dtype):
             t0 = time.perf_counter()
             fn(a, b)  # warm-up (and a first estimate of the cost)
             first = time.perf_counter() - t0
@@ -38,19 +38,29 @@ def peak_matmul_flops(dtype: torch.dtype, max_size: int = 4096, max_seconds: flo
     return {"flops": by_size[best], "shape": best, "by_shape": by_size}
 
 
+def _layouts(dtype: torch.dtype) -> list[tuple[str, Any]]:
+    """aten's a @ b and a @ b.T, and oneDNN's inner product (the engine's CPU float32 linear), whichever is
+    fastest here is the peak."""
+    out: list[tuple[str, Any]] = [("a@b", torch.mm), ("a@b.T", torch.nn.functional.linear)]
+    if torch.backends.mkldnn.is_available() and dtype == torch.float32:
+        out.append(("oneDNN a@b.T", lambda a, b: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")))
+    return out
+
+
 def linear_params(model: Any) -> tuple[int, int]:
     """(weights of the transformer layers' linear maps, weights of the LM head), from a transformers model."""
     layers = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
     return layers, model.lm_head.weight.numel()
 
 
-def forward_flops(model: Any, tokens: int, scored_rows: int) -> float:
+def forward_flops(model: Any, tokens: int, scored_rows: int, attention: bool = True) -> float:
     """FLOPs to run `tokens` tokens (one causal prompt, no cache) and project `scored_rows` rows through the
-    LM head: 2 x weights x tokens for the linear maps, plus causal attention: per layer and head, q.k and
-    p.v cost 2 x head_dim each per (query, key) pair, with L (L + 1) / 2 pairs."""
+    LM head: 2 x weights x tokens for the linear maps, plus (unless attention=False, "counting parameters
+    only") causal attention: per layer and head, q.k and p.v cost 2 x head_dim each per (query, key) pair,
+    with L (L + 1) / 2 pairs."""
     cfg = model.config
     layer_w, head_w = linear_params(model)
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    attention = cfg.num_hidden_layers * heads * 2 * 2 * head_dim * tokens * (tokens + 1) / 2
-    return 2 * layer_w * tokens + 2 * head_w * scored_rows + attention
+    attention_flops = cfg.num_hidden_layers * heads * 2 * 2 * head_dim * tokens * (tokens + 1) / 2
+    return 2 * layer_w * tokens + 2 * head_w * scored_rows + (attention_flops if attention else 0.0)
