@@ -1,5 +1,5 @@
-"""The engine's Linear: oneDNN's inner product on CPU float32 from MIN_ROWS rows (or for a vocab-wide layer),
-aten otherwise; the same values as F.linear either way, and the fused q/k/v and gate/up projections give the
+"""The engine's Linear: oneDNN's inner product on CPU float32 for a vocab-wide layer (the LM head), aten
+otherwise; the same values as F.linear either way, and the fused q/k/v and gate/up projections give the
 same outputs as the separate layers."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from engine.models import linear as lin
 from engine.models.linear import Linear, linear, use_onednn
 
 
-@pytest.mark.parametrize("rows", [1, lin.MIN_ROWS - 1, lin.MIN_ROWS, 64, 300])
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_f_linear(rows: int, bias: bool) -> None:
+@pytest.mark.parametrize("out", [200, lin.MIN_WIDE_FEATURES])
+def test_linear_matches_f_linear(rows: int, bias: bool, out: int) -> None:
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 96, generator=g)
-    w = torch.randn(200, 96, generator=g)
-    b = torch.randn(200, generator=g) if bias else None
+    w = torch.randn(out, 96, generator=g)
+    b = torch.randn(out, generator=g) if bias else None
     torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
 
@@ -27,16 +28,16 @@ def test_kernel_choice() -> None:
     wide = torch.randn(lin.MIN_WIDE_FEATURES, 32)
     if not torch.backends.mkldnn.is_available():
         pytest.skip("no oneDNN in this torch build")
-    assert use_onednn(torch.randn(lin.MIN_ROWS, 32), w)
-    assert not use_onednn(torch.randn(1, 32), w)  # one row of a narrow layer: aten is faster
-    assert use_onednn(torch.randn(1, 32), wide)  # the LM head of a decode step
-    assert not use_onednn(torch.randn(16, 32).bfloat16(), w.bfloat16())  # float32 only
-    assert not use_onednn(torch.randn(2, 16, 32), w)  # 2-D inputs only
+    assert not use_onednn(torch.randn(64, 32), w)  # a layer: aten (exactness through many layers)
+    assert use_onednn(torch.randn(1, 32), wide)  # the LM head, a decode step's or a scoring block's
+    assert use_onednn(torch.randn(256, 32), wide)
+    assert not use_onednn(torch.randn(16, 32).bfloat16(), wide.bfloat16())  # float32 only
+    assert not use_onednn(torch.randn(2, 16, 32), wide)  # 2-D inputs only
 
 
 def test_non_contiguous_input() -> None:
     x = torch.randn(40, 64)[::2]  # strided rows
-    w = torch.randn(48, 64)
+    w = torch.randn(lin.MIN_WIDE_FEATURES, 64)
     torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
