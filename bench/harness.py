@@ -162,6 +162,11 @@ def max_abs_diff(a: list[float], b: list[float]) -> float:
     return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
 
 
+def max_abs_diff_requests(a: list[list[float]], b: list[list[float]]) -> float:
+    """max_abs_diff over several requests' rows, paired request by request."""
+    return max((max_abs_diff(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
+
+
 def rss_kb(field_name: str = "VmRSS") -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field_name + ":"):

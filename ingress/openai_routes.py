@@ -34,7 +34,6 @@ from ingress.openai_schemas import (
     OpenAIErrorBody,
     TokenizeBody,
     TokenizeResponse,
-    TokenizerInfoResponse,
 )
 from ingress.openai_validation import (
     OpenAIRequestError,
@@ -42,6 +41,7 @@ from ingress.openai_validation import (
     openai_error,
     server_error,
 )
+from workers.protocol import TokenizerInfo
 
 logger = logging.getLogger(__name__)
 
@@ -149,5 +149,5 @@ def openai_router(backend: Backend) -> APIRouter:
                          summary="Token ids -> text", responses={200: {"model": DetokenizeResponse}, **_ERRORS})
     router.add_api_route("/tokenizer_info", routes.tokenizer_info, methods=["GET"], response_model=None,
                          summary="Special tokens and chat template (lm-eval's remote tokenizer)",
-                         responses={200: {"model": TokenizerInfoResponse}, 503: _ERRORS[503]})
+                         responses={200: {"model": TokenizerInfo}, 503: _ERRORS[503]})
     return router

@@ -135,20 +135,6 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-class TokenizerInfoResponse(BaseModel):
-    model_name: str
-    tokenizer_class: str
-    vocab_size: int
-    max_model_len: int
-    eos_token: str | None
-    eos_token_id: int | None
-    bos_token: str | None
-    bos_token_id: int | None
-    pad_token: str | None
-    pad_token_id: int | None
-    chat_template: str | None
-
-
 class OpenAIError(BaseModel):
     message: str
     type: Literal["invalid_request_error", "not_found_error", "server_error"]

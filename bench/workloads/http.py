@@ -19,7 +19,7 @@ import httpx
 
 from bench import rayscore_side as rs
 from bench.context import Context
-from bench.harness import Side, alternate, max_abs_diff, percentile
+from bench.harness import Side, alternate, max_abs_diff_requests, percentile
 from bench.report import Goal, Row
 from bench.workloads.short_scoring import prompts
 
@@ -121,7 +121,7 @@ def _measure(ctx: Context, url: str, sets: list[list[list[int]]], tokens: list[i
     t = alternate(sides, s.reps, f"{NAME} ({len(sets[0])} prompts, {s.http_concurrency} clients)")
     eng.close()
     tps = {k: statistics.median(tokens[r + 1] / sec for r, sec in enumerate(t.seconds[k])) for k in sides}
-    diff = max(max_abs_diff(a, b) for a, b in zip(t.warmup["http 1 worker"], t.warmup["in-process"], strict=True))
+    diff = max_abs_diff_requests(t.warmup["http 1 worker"], t.warmup["in-process"])
     pct = {k: {"p50_ms": 1e3 * percentile(v, 0.5), "p99_ms": 1e3 * percentile(v, 0.99)}
            for k, v in latencies.items()}
     label = f"scoring tokens/s, workload 2 ({len(sets[0])} prompts)"

@@ -11,7 +11,7 @@ from typing import Any
 from bench import baselines as hf_side
 from bench import rayscore_side as rs
 from bench.context import Context
-from bench.harness import Side, alternate, max_abs_diff
+from bench.harness import Side, alternate, max_abs_diff_requests
 from bench.report import Goal, Row
 
 NAME = "3 multiple choice"
@@ -50,8 +50,8 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
     rps = {k: t.rate(k, len(reqs)) for k in sides}
     ours = [rs.rows(o) for o in t.warmup["rayscore"]]
     ref = t.warmup["transformers per request"]
-    diff = max(max_abs_diff(a, b) for a, b in zip(ours, ref, strict=True))
-    pkv_diff = max(max_abs_diff(a, b) for a, b in zip(t.warmup["transformers past_key_values"], ref, strict=True))
+    diff = max_abs_diff_requests(ours, ref)
+    pkv_diff = max_abs_diff_requests(t.warmup["transformers past_key_values"], ref)
     label = f"requests/s, {len(mc)} items × {ENDINGS} endings"
     rows = [
         Row(NAME, label, "req/s", rps["rayscore"], "transformers, one forward per request",

@@ -9,7 +9,7 @@ from typing import Any
 from bench import baselines as hf_side
 from bench import rayscore_side as rs
 from bench.context import Context
-from bench.harness import Side, alternate, max_abs_diff
+from bench.harness import Side, alternate, max_abs_diff_requests
 from bench.report import Goal, Row
 
 NAME = "2 short scoring"
@@ -43,8 +43,8 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
     tps = {k: t.rate(k, tokens) for k in sides}
     ours = [rs.rows(o) for o in t.warmup["rayscore"]]
     ref = t.warmup["transformers per request"]
-    diff = max(max_abs_diff(a, b) for a, b in zip(ours, ref, strict=True))
-    padded_diff = max(max_abs_diff(a, b) for a, b in zip(t.warmup["transformers padded"], ref, strict=True))
+    diff = max_abs_diff_requests(ours, ref)
+    padded_diff = max_abs_diff_requests(t.warmup["transformers padded"], ref)
     label = f"scoring tokens/s, {len(reqs)} prompts of 64–256 tokens"
     rows = [
         Row(NAME, label, "tok/s", tps["rayscore"], "transformers padded batches", tps["transformers padded"],
