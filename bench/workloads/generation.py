@@ -28,8 +28,13 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
     llama = hf_side.LlamaCpp(gguf, 128 + new, s.threads, all_logits=False) if gguf else None
     if llama:
         sides["llama.cpp one by one"] = Side(lambda: [llama.generate(p, new) for p in reqs])
+    bf16 = rs.FreshEngine(lambda: rs.make_engine(ctx.model, s.threads, dtype="bfloat16")) if rs.native_bf16() else None
+    if bf16:
+        sides["rayscore bf16"] = Side(lambda: rs.generate_greedy(bf16.get(), reqs, new), bf16.prepare)
     t = alternate(sides, s.reps, f"{NAME} ({count} requests x {new} tokens)")
     eng.close()
+    if bf16:
+        bf16.close()
     tps = {k: t.rate(k, count * new) for k in sides}
     ours, ref = t.warmup["rayscore"], t.warmup["transformers generate"]
     same = sum(a == b for a, b in zip(ours, ref, strict=True))
@@ -43,6 +48,13 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
     ]
     details: dict[str, Any] = {"requests": count, "new_tokens": new, "seconds": t.seconds, "spread": t.summary(),
                                "tokens_per_s": tps, "identical_sequences": same, "agreeing_prefix_tokens": prefix}
+    if bf16:
+        agree = sum(_common_prefix(a, b) for a, b in zip(t.warmup["rayscore bf16"], ref, strict=True))
+        details["bf16_agreeing_prefix_tokens"] = agree
+        rows += [Row(NAME, label + ", bf16 engine", "tok/s", tps["rayscore bf16"],
+                     "transformers generate fp32", tps["transformers generate"]),
+                 Row(NAME, "bf16 greedy tokens equal to fp32 transformers' (before any divergence)", "%",
+                     100 * agree / (count * new))]
     if llama:
         rows.append(Row(NAME, label, "tok/s", tps["rayscore"], "llama.cpp, one request at a time (Q4_1 GGUF)",
                         tps["llama.cpp one by one"]))

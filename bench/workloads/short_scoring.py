@@ -38,8 +38,13 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
     llama = hf_side.LlamaCpp(gguf, 256, s.threads, all_logits=True) if gguf else None
     if llama:
         sides["llama.cpp per request"] = Side(lambda: [llama.score(p, 0) for p in reqs])
+    bf16 = rs.FreshEngine(lambda: rs.make_engine(ctx.model, s.threads, dtype="bfloat16")) if rs.native_bf16() else None
+    if bf16:
+        sides["rayscore bf16"] = Side(lambda: rs.score(bf16.get(), reqs, starts), bf16.prepare)
     t = alternate(sides, s.reps, f"{NAME} ({len(reqs)} prompts, {tokens} tokens)")
     eng.close()
+    if bf16:
+        bf16.close()
     tps = {k: t.rate(k, tokens) for k in sides}
     ours = [rs.rows(o) for o in t.warmup["rayscore"]]
     ref = t.warmup["transformers per request"]
@@ -57,6 +62,8 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
                                "tokens_per_s": tps,
                                "max_abs_diff": diff, "padded_vs_per_request_max_abs_diff": padded_diff,
                                "hf_token_budget": HF_TOKEN_BUDGET}
+    if bf16:
+        rows += _bf16_rows(label, tps, [rs.rows(o) for o in t.warmup["rayscore bf16"]], ref, details)
     if llama:
         theirs = t.warmup["llama.cpp per request"]
         mean_ours = statistics.fmean(v for r in ours for v in r)
@@ -67,3 +74,15 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
         details["llamacpp"] = {"mean_logprob": mean_theirs}
         llama.close()
     return rows, details
+
+
+def _bf16_rows(label: str, tps: dict[str, float], theirs: list[list[float]], ref: list[list[float]],
+               details: dict[str, Any]) -> list[Row]:
+    """For information (the goal is float32's): the bfloat16 engine on the same prompts, and how far its rows sit
+    from the float32 answer."""
+    diffs = [abs(a - b) for r, f in zip(theirs, ref, strict=True) for a, b in zip(r, f, strict=True)]
+    details["bf16"] = {"max_abs_diff": max(diffs), "mean_abs_diff": statistics.fmean(diffs)}
+    return [Row(NAME, label + ", bf16 engine", "tok/s", tps["rayscore bf16"], "transformers padded batches fp32",
+                tps["transformers padded"]),
+            Row(NAME, "bf16 |logprob − fp32 transformers|, max", "", max(diffs)),
+            Row(NAME, "bf16 |logprob − fp32 transformers|, mean", "", statistics.fmean(diffs))]
