@@ -109,14 +109,21 @@ def table_markdown(rows: list[Row]) -> str:
     return "\n".join(out + ([""] + notes if notes else [])) + "\n"
 
 
+# The instruction sets that decide the figures: float32 matmul width (AVX2 vs AVX-512) and bfloat16 units.
+# A VM's model name ("Intel(R) Xeon(R) Processor") often says neither, and the same project runs on both kinds.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
 def cpu_name() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+        lines = []
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), None)
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+    isa = [f for f in ISA_FLAGS if f in flags]
+    name = name or platform.processor() or platform.machine()
+    return f"{name}, {os.cpu_count()} cores" + (f" ({', '.join(isa)})" if isa else "")
 
 
 def environment(settings: Any) -> dict[str, Any]:

@@ -101,3 +101,22 @@ def test_bench_smoke_run(tiny_models, tmp_path: Path, capsys: pytest.CaptureFixt
     assert len(ratios) >= 4 and all(r["ratio"] > 0 for r in ratios)
     diffs = [r["rayscore"] for r in rows if r["measure"].startswith("max |logprob")]
     assert len(diffs) == 2 and all(d < 1e-4 for d in diffs)  # the engine's rows equal transformers' in the run
+    # Where the CPU runs bfloat16 natively, workloads 2 and 4 add the bfloat16 engine (a real one) for information.
+    from bench.rayscore_side import native_bf16
+
+    bf16 = [r for r in rows if "bf16" in r["measure"]]
+    if native_bf16():
+        assert {r["workload"] for r in bf16} == {"2 short scoring", "4 generation"}, bf16
+        assert all(r["ratio"] > 0 for r in bf16 if r.get("ratio") is not None)
+        assert result["details"]["short"]["bf16"]["max_abs_diff"] < 1.0  # bfloat16 rounding, not garbage
+    else:
+        assert not bf16
+
+
+def test_cpu_name_names_the_instruction_sets() -> None:
+    from bench.report import ISA_FLAGS, cpu_name
+
+    flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("flags")), [])
+    name = cpu_name()
+    assert all((f in name) == (f in flags) for f in ISA_FLAGS), name
