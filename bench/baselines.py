@@ -10,6 +10,9 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +133,34 @@ def generate_padded(model: Any, prompts: list[list[int]], new_tokens: int, pad_i
 
 def llamacpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
+
+
+# Scores 16 tokens with all logits on, the way the workloads use it, in a child process.
+_PROBE = """
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=64, n_batch=64, n_ubatch=64, logits_all=True, verbose=False)
+llm.eval(list(range(1, 17)))
+assert llm.scores.shape[0] >= 16
+llm.close()
+"""
+
+
+def llamacpp_probe(gguf: Path, timeout_s: float = 300) -> str | None:
+    """None when llama.cpp scores a few tokens of `gguf` in a child process; else why not, in a few words.
+    A llama.cpp build can crash the process outright (seen: a build compiled with AMX on an AMX Xeon, signal 11
+    in its first decode), and an optional baseline must not take the whole bench down with it."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE, str(gguf)], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"a 16-token probe did not finish in {timeout_s:.0f} s"
+    if proc.returncode == 0:
+        return None
+    if proc.returncode < 0:
+        return f"a 16-token probe was killed by signal {-proc.returncode} ({signal.Signals(-proc.returncode).name})"
+    last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+    return f"a 16-token probe failed: {last[:200]}"
 
 
 class LlamaCpp:

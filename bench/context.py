@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from bench.baselines import llamacpp_available, load_transformers
+from bench.baselines import llamacpp_available, llamacpp_probe, load_transformers
 from bench.harness import Settings
 from bench.prompts import PromptSource
 
@@ -28,6 +28,8 @@ class Context:
         self.tokenizer = load_tokenizer(self.model_path)
         self.prompts = PromptSource(self.tokenizer)
         self._hf: dict[torch.dtype, Any] = {}
+        self._llamacpp_problem: str | None = None
+        self._llamacpp_probed = False
 
     @property
     def model(self) -> str:
@@ -56,9 +58,13 @@ class Context:
         from engine.default_model import gguf_path
 
         if self.settings.model == DEFAULT_MODEL:
-            return gguf_path()
-        found = sorted(self.model_path.glob("*.gguf"))
-        return found[0] if found else None
+            found = gguf_path()
+        else:
+            found = next(iter(sorted(self.model_path.glob("*.gguf"))), None)
+        if found is not None and not self._llamacpp_probed:
+            self._llamacpp_problem = llamacpp_probe(found)  # once per invocation, before any workload uses it
+            self._llamacpp_probed = True
+        return None if self._llamacpp_problem else found
 
     def llamacpp_status(self) -> str:
         if not self.settings.use_llamacpp:
@@ -66,4 +72,6 @@ class Context:
         if not llamacpp_available():
             return "llama.cpp: not installed (pip install llama-cpp-python to add it)"
         g = self.gguf()
+        if self._llamacpp_problem:
+            return f"llama.cpp: installed but left out: {self._llamacpp_problem}"
         return f"llama.cpp: {g}" if g else "llama.cpp: no GGUF file for this model"

@@ -120,3 +120,14 @@ def test_cpu_name_names_the_instruction_sets() -> None:
                   if ln.startswith("flags")), [])
     name = cpu_name()
     assert all((f in name) == (f in flags) for f in ISA_FLAGS), name
+
+
+def test_llamacpp_probe_reports_a_crash_instead_of_taking_the_bench_down(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # A child that dies the way a bad llama.cpp build did (SIGSEGV in its first decode): the probe names it.
+    monkeypatch.setattr(baselines, "_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    assert baselines.llamacpp_probe(tmp_path / "m.gguf") == "a 16-token probe was killed by signal 11 (SIGSEGV)"
+    monkeypatch.setattr(baselines, "_PROBE", "raise SystemExit('no such model')")
+    assert baselines.llamacpp_probe(tmp_path / "m.gguf") == "a 16-token probe failed: no such model"
+    monkeypatch.setattr(baselines, "_PROBE", "import sys; assert sys.argv[1].endswith('m.gguf')")
+    assert baselines.llamacpp_probe(tmp_path / "m.gguf") is None
