@@ -4,6 +4,7 @@ transformers models (loaded once, dropped before the HTTP workload)."""
 from __future__ import annotations
 
 import gc
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,6 @@ class Context:
         self.tokenizer = load_tokenizer(self.model_path)
         self.prompts = PromptSource(self.tokenizer)
         self._hf: dict[torch.dtype, Any] = {}
-        self._llamacpp_problem: str | None = None
-        self._llamacpp_probed = False
 
     @property
     def model(self) -> str:
@@ -51,27 +50,31 @@ class Context:
         gc.collect()
 
     def gguf(self) -> Path | None:
-        """The GGUF file llama.cpp runs: the embedded model's, or a *.gguf inside a model folder."""
+        """The GGUF file llama.cpp runs, when llama.cpp is on, installed, and passed its probe."""
+        found, problem = self._llamacpp
+        return None if problem else found
+
+    @cached_property
+    def _llamacpp(self) -> tuple[Path | None, str | None]:
+        """(the embedded model's GGUF or a *.gguf inside the model folder, why llama.cpp is left out). Probed once
+        per invocation, in a child process, before any workload uses it."""
         if not (self.settings.use_llamacpp and llamacpp_available()):
-            return None
+            return None, None
         from engine.config import DEFAULT_MODEL
         from engine.default_model import gguf_path
 
         if self.settings.model == DEFAULT_MODEL:
-            found = gguf_path()
+            found: Path | None = gguf_path()
         else:
             found = next(iter(sorted(self.model_path.glob("*.gguf"))), None)
-        if found is not None and not self._llamacpp_probed:
-            self._llamacpp_problem = llamacpp_probe(found)  # once per invocation, before any workload uses it
-            self._llamacpp_probed = True
-        return None if self._llamacpp_problem else found
+        return found, llamacpp_probe(found) if found is not None else None
 
     def llamacpp_status(self) -> str:
         if not self.settings.use_llamacpp:
             return "llama.cpp: off (--no-llamacpp)"
         if not llamacpp_available():
             return "llama.cpp: not installed (pip install llama-cpp-python to add it)"
-        g = self.gguf()
-        if self._llamacpp_problem:
-            return f"llama.cpp: installed but left out: {self._llamacpp_problem}"
-        return f"llama.cpp: {g}" if g else "llama.cpp: no GGUF file for this model"
+        found, problem = self._llamacpp
+        if problem:
+            return f"llama.cpp: installed but left out: {problem}"
+        return f"llama.cpp: {found}" if found else "llama.cpp: no GGUF file for this model"

@@ -18,11 +18,6 @@ def make_engine(model: str, threads: int, **overrides: Any) -> LLMEngine:
     return LLMEngine(EngineConfig(model=model, num_threads=threads, **overrides))
 
 
-def native_bf16() -> bool:
-    """Whether this CPU runs bfloat16 matmuls natively (oneDNN on AVX-512 BF16 / AMX). Without it a bfloat16
-    engine is several times slower than float32, so the workloads that add a bfloat16 side only for information
-    (2 and 4) leave it out; workload 1, whose goal it is, always measures it."""
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class FreshEngine:
@@ -47,6 +42,18 @@ class FreshEngine:
     def close(self) -> None:
         self.engine = None
         gc.collect()
+
+
+def native_bf16() -> bool:
+    """Whether this CPU runs bfloat16 matmuls natively (oneDNN on AVX-512 BF16 / AMX)."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def bf16_side(model: str, threads: int) -> FreshEngine | None:
+    """The bfloat16 engine that workloads 2 and 4 add for information, where the CPU runs bfloat16 natively.
+    Without native bfloat16 it is several times slower than float32, so they leave it out; workload 1, whose goal
+    it is, always measures it."""
+    return FreshEngine(lambda: make_engine(model, threads, dtype="bfloat16")) if native_bf16() else None
 
 
 def score(engine: LLMEngine, prompts: list[list[int]], starts: list[int], top: int = 0) -> list[RequestOutput]:

@@ -28,7 +28,7 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
     llama = hf_side.LlamaCpp(gguf, 128 + new, s.threads, all_logits=False) if gguf else None
     if llama:
         sides["llama.cpp one by one"] = Side(lambda: [llama.generate(p, new) for p in reqs])
-    bf16 = rs.FreshEngine(lambda: rs.make_engine(ctx.model, s.threads, dtype="bfloat16")) if rs.native_bf16() else None
+    bf16 = rs.bf16_side(ctx.model, s.threads)
     if bf16:
         sides["rayscore bf16"] = Side(lambda: rs.generate_greedy(bf16.get(), reqs, new), bf16.prepare)
     t = alternate(sides, s.reps, f"{NAME} ({count} requests x {new} tokens)")

@@ -38,7 +38,7 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
     llama = hf_side.LlamaCpp(gguf, 256, s.threads, all_logits=True) if gguf else None
     if llama:
         sides["llama.cpp per request"] = Side(lambda: [llama.score(p, 0) for p in reqs])
-    bf16 = rs.FreshEngine(lambda: rs.make_engine(ctx.model, s.threads, dtype="bfloat16")) if rs.native_bf16() else None
+    bf16 = rs.bf16_side(ctx.model, s.threads)
     if bf16:
         sides["rayscore bf16"] = Side(lambda: rs.score(bf16.get(), reqs, starts), bf16.prepare)
     t = alternate(sides, s.reps, f"{NAME} ({len(reqs)} prompts, {tokens} tokens)")
