@@ -42,9 +42,6 @@ class BlockPool:
         assert self.ref_counts[block] > 0, f"incref of free block {block}"
         self.ref_counts[block] += 1
 
-    def is_free(self, block: int) -> bool:
-        return self.ref_counts[block] == 0
-
     def free(self, block: int) -> None:
         """Drop one reference; the block joins the tail of the free queue when none is left."""
         assert self.ref_counts[block] > 0, f"double free of block {block}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
+from engine.output_state import OutputState
 from engine.sequence import Sequence
 
 
@@ -11,16 +12,16 @@ class Detokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
 
-    def update(self, seq: Sequence) -> str | None:
-        """Re-decode the output, cut at the first stop string. Returns the stop string matched, if any.
-        Decoding the whole output each step is O(n^2) in tokens but exact across merges and multi-byte
-        characters; outputs here are short next to the prompt."""
+    def update(self, seq: Sequence, state: OutputState) -> str | None:
+        """Re-decode the output into state.text, cut at the first stop string. Returns the stop string matched,
+        if any. Decoding the whole output each step is O(n^2) in tokens but exact across merges and multi-byte
+        characters; outputs here are short next to the prompt. OutputState.streamable decides what is sent."""
         p = seq.params
         text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=p.skip_special_tokens)
         matched: str | None = None
         if p.stop:
             # Only text after what was already searched (minus a stop's length) can hold a new match.
-            begin = max(0, len(seq.output_text) - max(len(s) for s in p.stop))
+            begin = max(0, len(state.text) - max(len(s) for s in p.stop))
             best = -1
             for s in p.stop:
                 at = text.find(s, begin) if s else -1
@@ -28,19 +29,5 @@ class Detokenizer:
                     best, matched = at, s
             if matched is not None:
                 text = text[:best + (len(matched) if p.include_stop_str_in_output else 0)]
-        seq.output_text = text
+        state.text = text
         return matched
-
-    @staticmethod
-    def streamable(seq: Sequence) -> int:
-        """How much of output_text may be sent now: hold back an unfinished multi-byte character and a tail
-        that could still become a stop string, so that no delta ever needs to be taken back."""
-        text = seq.output_text
-        if seq.is_finished:
-            return len(text)
-        end = len(text)
-        while end > 0 and text[end - 1] == "\ufffd":
-            end -= 1
-        if seq.params.stop:
-            end = min(end, len(text) - (max(len(s) for s in seq.params.stop) - 1))
-        return max(end, seq.num_text_sent)

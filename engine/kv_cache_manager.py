@@ -17,14 +17,9 @@ def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
 
 @dataclass
 class PrefixCacheStats:
-    queries: int = 0  # requests looked up
-    query_tokens: int = 0  # prompt tokens looked up
+    query_tokens: int = 0  # prompt tokens looked up (each request once: a recompute is not a new query)
     hit_tokens: int = 0  # of those, served from cached blocks
     evictions: int = 0  # cached blocks reused for other content
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
 
 class KVCacheManager:
@@ -40,12 +35,24 @@ class KVCacheManager:
         return (num_tokens + self.block_size - 1) // self.block_size
 
     # --- prefix cache ---------------------------------------------------------------------------
-    def match_prefix(self, seq: Sequence, limit: int) -> int:
+    def match_prefix(self, seq: Sequence, limit: int, count: bool = True) -> int:
         """Give a request with no blocks the longest run of cached full blocks within its first `limit`
-        tokens. Returns the number of tokens now already computed."""
+        tokens. Returns the number of tokens now already computed. count: record the lookup in the stats
+        (the scheduler counts a request's first lookup only, not its recomputes after preemption)."""
         assert not seq.block_table and seq.num_computed_tokens == 0
-        if not self.enable_prefix_cache:
-            return 0
+        if self.enable_prefix_cache:
+            seq.block_table, seq.block_hashes = self._longest_cached_prefix(seq, limit)
+            for block in seq.block_table:
+                self.pool.take(block)
+            seq.num_computed_tokens = len(seq.block_table) * self.block_size
+        if count:
+            self.stats.query_tokens += seq.num_prompt_tokens
+            self.stats.hit_tokens += seq.num_computed_tokens
+        return seq.num_computed_tokens
+
+    def _longest_cached_prefix(self, seq: Sequence, limit: int) -> tuple[list[int], list[int]]:
+        """(blocks, their chained hashes) of the cached full blocks that start the request's first `limit`
+        tokens."""
         bs = self.block_size
         parent: int | None = None
         hits: list[int] = []
@@ -59,12 +66,7 @@ class KVCacheManager:
             hits.append(block)
             hashes.append(h)
             parent = h
-        for block in hits:
-            self.pool.take(block)
-        seq.block_table = hits
-        seq.block_hashes = hashes
-        seq.num_computed_tokens = len(hits) * bs
-        return seq.num_computed_tokens
+        return hits, hashes
 
     def cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Register the full blocks among the request's first num_tokens tokens so other requests can share
@@ -110,10 +112,6 @@ class KVCacheManager:
             self.pool.free(block)
         seq.block_table = []
         seq.block_hashes = []
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.pool.num_free
 
     def check_integrity(self, live: list[Sequence]) -> None:
         self.pool.check_integrity([s.block_table for s in live])

@@ -14,9 +14,10 @@ from engine.detokenizer import Detokenizer
 from engine.kv_cache_manager import KVCacheManager
 from engine.loader import eos_token_ids, load_model, load_tokenizer, resolve_device
 from engine.model_runner import ChunkResult, ModelRunner
+from engine.output_state import OutputState
 from engine.outputs import FinishReason, RequestOutput, merge_outputs
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import Sequence
 
 
@@ -44,6 +45,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, config, self.device, num_blocks)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.seqs: dict[str, Sequence] = {}
+        # What each live request's stream has been sent (the scheduler and the runner never see it).
+        self.output_states: dict[str, OutputState] = {}
         self.generators: dict[str, torch.Generator] = {}
         self.num_finished = 0
         self._ids = itertools.count()
@@ -53,6 +56,7 @@ class LLMEngine:
         self._check(request_id, prompt_token_ids, params)
         seq = Sequence(request_id, prompt_token_ids, params)
         self.seqs[request_id] = seq
+        self.output_states[request_id] = OutputState(params)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
         self.generators[request_id] = gen
@@ -108,17 +112,16 @@ class LLMEngine:
         results = self.runner.execute(sched, self.generators)
         outputs = []
         for chunk, result in zip(sched.chunks, results, strict=True):
-            out = self._update(chunk.seq, chunk.num_tokens, result)
+            out = self._update(chunk, result)
             if out is not None:
                 outputs.append(out)
         return outputs
 
-    def _update(self, seq: Sequence, num_tokens: int, r: ChunkResult) -> RequestOutput | None:
-        seq.num_computed_tokens += num_tokens
-        if seq.input_token_logprobs is not None and r.score_logprobs:
-            seq.input_token_logprobs.extend(r.score_logprobs)
-            if seq.input_top_logprobs is not None:
-                seq.input_top_logprobs.extend(t or [] for t in r.score_top)
+    def _update(self, chunk: ScheduledChunk, r: ChunkResult) -> RequestOutput | None:
+        seq = chunk.seq
+        self.scheduler.update(chunk, len(r.score_logprobs), r.sampled)
+        state = self.output_states[seq.request_id]
+        state.add_input_rows(r.score_logprobs, r.score_top)
         if not seq.generates:
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 return None
@@ -128,23 +131,23 @@ class LLMEngine:
             return self._output(seq)
         if r.sampled is None:
             return None  # a prefill chunk that does not reach the end of the context
-        tok = r.sampled
-        seq.token_ids.append(tok)
-        if seq.output_token_logprobs is not None and r.sampled_logprob is not None:
-            seq.output_token_logprobs.append(r.sampled_logprob)
-            if seq.output_top_logprobs is not None:
-                seq.output_top_logprobs.append(r.sampled_top or [])
-        p = seq.params
-        stop_str = self.detokenizer.update(seq)
-        if stop_str is not None:
-            seq.finish_reason = FinishReason("stop", matched=stop_str)
-        elif tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
-            seq.finish_reason = FinishReason("stop", matched=tok)
-        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            seq.finish_reason = FinishReason("length")
+        state.add_sampled(r.sampled_logprob, r.sampled_top)
+        seq.finish_reason = self._stop_reason(seq, state, r.sampled)
         if seq.finish_reason is not None:
             self._finish(seq)
         return self._output(seq)
+
+    def _stop_reason(self, seq: Sequence, state: OutputState, tok: int) -> FinishReason | None:
+        """Why the request ends after the token just sampled, or None while it goes on."""
+        p = seq.params
+        stop_str = self.detokenizer.update(seq, state)
+        if stop_str is not None:
+            return FinishReason("stop", matched=stop_str)
+        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
+            return FinishReason("stop", matched=tok)
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason("length")
+        return None
 
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
@@ -153,38 +156,10 @@ class LLMEngine:
         self.num_finished += 1
 
     def _output(self, seq: Sequence) -> RequestOutput:
-        """The delta since the previous output of this request."""
-        end = len(seq.output_text) if seq.is_finished else Detokenizer.streamable(seq)
-        out_ids = seq.output_token_ids
-        n_lp = seq.num_output_logprobs_sent
-        out = RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=out_ids[seq.num_ids_sent:],
-            new_text=seq.output_text[seq.num_text_sent:end],
-            finished=seq.is_finished,
-            finish_reason=seq.finish_reason if seq.is_finished else None,
-            prompt_tokens=seq.num_prompt_tokens,
-            completion_tokens=seq.num_output_tokens,
-            cached_tokens=seq.num_cached_tokens,
-            # Input rows are sent once, with the output that ends the prefill.
-            input_token_logprobs=self._once(seq, seq.input_token_logprobs),
-            input_top_logprobs=self._once(seq, seq.input_top_logprobs),
-            output_token_logprobs=None if seq.output_token_logprobs is None else seq.output_token_logprobs[n_lp:],
-            output_top_logprobs=None if seq.output_top_logprobs is None else seq.output_top_logprobs[n_lp:],
-            arrival_time=seq.arrival_time, scheduled_time=seq.scheduled_time, finished_time=seq.finished_time,
-        )
-        seq.num_ids_sent = len(out_ids)
-        seq.num_text_sent = end
-        if seq.output_token_logprobs is not None:
-            seq.num_output_logprobs_sent = len(seq.output_token_logprobs)
-        seq.input_rows_sent = True
-        return out
-
-    @staticmethod
-    def _once(seq: Sequence, rows: list | None) -> list | None:
-        if rows is None:
-            return None
-        return [] if seq.input_rows_sent else list(rows)
+        """The delta since the previous output of this request (its last one, once it has finished)."""
+        rid = seq.request_id
+        state = self.output_states.pop(rid) if seq.is_finished else self.output_states[rid]
+        return state.delta(seq)
 
     # --- synchronous batch call -----------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
@@ -212,6 +187,7 @@ class LLMEngine:
         return {"waiting": len(self.scheduler.waiting), "running": len(self.scheduler.running),
                 "kv_blocks_total": pool.num_blocks, "kv_blocks_free": pool.num_free,
                 "kv_blocks_used": pool.num_used, "requests_finished": self.num_finished,
+                "preemptions": self.scheduler.num_preemptions,
                 "prefix_cache_query_tokens": self.kv.stats.query_tokens,
                 "prefix_cache_hit_tokens": self.kv.stats.hit_tokens,
                 "prefix_cache_evictions": self.kv.stats.evictions,

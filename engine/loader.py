@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from engine.models import model_class
+from engine.models import CausalLM, model_class
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -29,7 +29,7 @@ def load_config(path: Path) -> Any:
     return AutoConfig.from_pretrained(path)
 
 
-def load_model(path: str | Path, dtype: str, device: torch.device) -> tuple[torch.nn.Module, Any]:
+def load_model(path: str | Path, dtype: str, device: torch.device) -> tuple[CausalLM, Any]:
     """Returns (model in eval mode on `device`, its transformers config)."""
     path = Path(path)
     cfg = load_config(path)

@@ -3,6 +3,8 @@ blocks of rows, so scoring never materializes [L, vocab] logits whatever the pro
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -25,10 +27,11 @@ def top_k_rows(values: torch.Tensor, ks: list[int]) -> list[list[TokenLogprob] |
     return [list(zip(tv[r][:k], ti[r][:k], strict=True)) if k > 0 else None for r, k in enumerate(ks)]
 
 
-def score_rows(hidden: torch.Tensor, norm: torch.nn.Module, lm_head: torch.nn.Module, targets: torch.Tensor,
+def score_rows(hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor,
                ks: list[int], mode: str, rows_per_block: int
                ) -> tuple[list[TokenLogprob], list[list[TokenLogprob] | None], torch.Tensor]:
-    """hidden: [R, hidden] pre-norm rows; targets: [R] the token each row scores.
+    """hidden: [R, hidden] pre-norm rows; compute_logits: the model's final norm + LM head over some rows;
+    targets: [R] the token each row scores.
     Returns per row (value, target), its top-k list (None where its k is 0), and [R] float32 log-sum-exp of
     its raw logits (kept by the caller so a later score of the same position needs no projection)."""
     values: list[TokenLogprob] = []
@@ -36,7 +39,7 @@ def score_rows(hidden: torch.Tensor, norm: torch.nn.Module, lm_head: torch.nn.Mo
     lses: list[torch.Tensor] = []
     for lo in range(0, hidden.shape[0], rows_per_block):
         hi = min(lo + rows_per_block, hidden.shape[0])
-        logits = lm_head(norm(hidden[lo:hi])).float()  # [rows, V]: the only vocab-wide buffers
+        logits = compute_logits(hidden[lo:hi]).float()  # [rows, V]: the only vocab-wide buffers
         # torch's float32 log_softmax, as transformers users compute it: `logits - logsumexp` is as accurate but
         # rounds differently (~2.5e-5 on a 49k vocabulary), which adds up over a multi-token continuation.
         scores = row_scores(logits, mode)

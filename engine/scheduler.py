@@ -40,6 +40,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest first: the newest is preempted first
+        self.num_preemptions = 0  # since start: each one frees a request's blocks for a later recompute
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -52,9 +53,15 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted:  # a step that had to preempt admits nobody new
+            self._schedule_waiting(out, budget)
+        return out
 
-        # 1. Running requests, oldest first: decodes and the next chunks of chunked prefills.
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Running requests, oldest first: decodes and the next chunks of chunked prefills. When the KV cache is
+        full, the newest running request is preempted, so a request that is scheduled is never preempted later
+        in the same step. Returns the token budget left."""
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -64,43 +71,47 @@ class Scheduler:
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
-                    break
-            else:
-                out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
-                self.kv.cache_full_blocks(seq, seq.num_computed_tokens + n)
-                budget -= n
-                i += 1
-                continue
-            break  # seq preempted itself: nothing older is left to try
-        # Preemption removed requests from the tail of `running`; drop their scheduled chunks (none: only
-        # unscheduled requests are preempted, since the victim is always the newest and we go oldest first).
+                    return budget  # seq preempted itself: nothing older is left to try
+            self._add_chunk(out, seq, n)
+            budget -= n
+            i += 1
+        return budget
 
-        # 2. Waiting requests, first come first served, while the budgets and the KV cache allow.
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Waiting requests, first come first served, while the budgets and the KV cache allow."""
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             first = seq.scheduled_time is None
             if not seq.block_table:  # new, or preempted: start after its longest cached prefix
-                cached = self.kv.match_prefix(seq, self.reusable_prefix(seq))
+                cached = self.kv.match_prefix(seq, self.reusable_prefix(seq), count=first)
                 if first:
                     seq.num_cached_tokens = cached
-                    self.kv.stats.queries += 1
-                    self.kv.stats.query_tokens += seq.num_prompt_tokens
-                    self.kv.stats.hit_tokens += cached
             # May be 0: a scoring request whose whole prompt is cached runs no layer at all.
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.kv.allocate(seq, n):
                 self.kv.free(seq)  # don't sit on cached blocks while waiting
                 seq.num_computed_tokens = 0
-                break
+                return
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             if first:
                 seq.scheduled_time = time.monotonic()
             self.running.append(seq)
-            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
-            self.kv.cache_full_blocks(seq, seq.num_computed_tokens + n)
+            self._add_chunk(out, seq, n)
             budget -= n
-        return out
+
+    def _add_chunk(self, out: SchedulerOutput, seq: Sequence, num_tokens: int) -> None:
+        out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, num_tokens))
+        self.kv.cache_full_blocks(seq, seq.num_computed_tokens + num_tokens)
+
+    def update(self, chunk: ScheduledChunk, num_scored_rows: int, sampled: int | None) -> None:
+        """Record what the step computed for a chunk: its tokens, its scoring rows and the token sampled after
+        it (None when the chunk does not end a generating request's context)."""
+        seq = chunk.seq
+        seq.num_computed_tokens += chunk.num_tokens
+        seq.num_scored_rows += num_scored_rows
+        if sampled is not None:
+            seq.token_ids.append(sampled)
 
     def reusable_prefix(self, seq: Sequence) -> int:
         """How many leading tokens may come from the prefix cache."""
@@ -115,6 +126,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Free everything the request holds and queue it first for recompute. Produced scoring rows and
         generated tokens are kept: recompute covers prompt + generated tokens and skips rows already made."""
+        self.num_preemptions += 1
         self.running.remove(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0

@@ -7,13 +7,14 @@ from __future__ import annotations
 import torch
 
 from engine.logprobs import score_rows
+from engine.models import CausalLM
 from engine.outputs import TokenLogprob
 
 
 class RowScorer:
-    def __init__(self, norm: torch.nn.Module, lm_head: torch.nn.Module, mode: str, rows_per_block: int,
-                 num_slots: int, device: torch.device, lse_store: bool) -> None:
-        self.norm, self.lm_head, self.mode, self.rows_per_block = norm, lm_head, mode, rows_per_block
+    def __init__(self, model: CausalLM, mode: str, rows_per_block: int, num_slots: int, device: torch.device,
+                 lse_store: bool) -> None:
+        self.model, self.mode, self.rows_per_block = model, mode, rows_per_block
         # NaN = unknown. Only raw_logprobs needs it: raw_logits rows are a dot product already.
         self.lse = (torch.full((num_slots,), float("nan"), dtype=torch.float32, device=device)
                     if lse_store and mode == "raw_logprobs" else None)
@@ -52,7 +53,7 @@ class RowScorer:
         if not len(rows):
             return
         sel = rows.tolist()
-        v, t, lse = score_rows(hidden[rows], self.norm, self.lm_head, targets[rows], [ks[i] for i in sel],
+        v, t, lse = score_rows(hidden[rows], self.model.compute_logits, targets[rows], [ks[i] for i in sel],
                                self.mode, self.rows_per_block)
         for j, i in enumerate(sel):
             values[i], tops[i] = v[j], t[j]
@@ -64,9 +65,7 @@ class RowScorer:
         rows = mask.nonzero()[:, 0]
         if not len(rows):
             return
-        h = self.norm(hidden[rows]).float()  # [F, H]
-        w = self.lm_head.weight[targets[rows]].float()  # [F, H]
-        picked = (h * w).sum(-1)
+        picked = self.model.target_logits(hidden[rows], targets[rows])  # [F]
         if self.lse is not None:
             picked = picked - self.lse[slots[rows]]
         for i, val, tok in zip(rows.tolist(), picked.tolist(), targets[rows].tolist(), strict=True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from enum import Enum
 
-from engine.outputs import FinishReason, TokenLogprob
+from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 
 
@@ -16,7 +16,8 @@ class SequenceStatus(Enum):
 
 
 class Sequence:
-    """A request's tokens and progress.
+    """A request's tokens and progress: scheduling state only. The scheduler writes it (LLMEngine sets the
+    finish reason); the model runner only reads it. What the caller was sent lives in OutputState.
 
     Two counters and no phase: each step computes up to `num_tokens - num_computed_tokens` tokens.
     Prefill, chunked prefill, decode, recompute after preemption and prefix hits are the same rule.
@@ -38,21 +39,9 @@ class Sequence:
         self.scheduled_time: float | None = None
         self.finished_time: float | None = None
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache on first schedule
-        # Scoring-only requests have no output rows: null, not [] (the contract).
-        want = params.return_logprob and params.max_tokens > 0
-        # Scoring rows accumulate here in order across prefill chunks; None = not requested.
-        self.input_token_logprobs: list[TokenLogprob] | None = [] if params.scores_input else None
-        self.input_top_logprobs: list[list[TokenLogprob]] | None = (
-            [] if params.scores_input and params.top_logprobs_num > 0 else None)
-        self.output_token_logprobs: list[TokenLogprob] | None = [] if want else None
-        self.output_top_logprobs: list[list[TokenLogprob]] | None = (
-            [] if want and params.top_logprobs_num > 0 else None)
-        # Detokenized output text so far (after stop-string handling) and how much was streamed.
-        self.output_text = ""
-        self.num_text_sent = 0
-        self.num_ids_sent = 0
-        self.num_output_logprobs_sent = 0
-        self.input_rows_sent = False
+        # Scoring rows produced so far (kept across preemption: recompute skips them). The rows themselves
+        # go to the caller through the engine's per-request OutputState.
+        self.num_scored_rows = 0
 
     # --- counters -------------------------------------------------------------------------------
     @property
@@ -74,8 +63,8 @@ class Sequence:
     @property
     def next_score_position(self) -> int:
         """The next input position whose row is still to be produced (row p scores token p+1)."""
-        assert self.input_token_logprobs is not None
-        return self.params.logprob_start_len + len(self.input_token_logprobs)
+        assert self.params.scores_input
+        return self.params.logprob_start_len + self.num_scored_rows
 
     @property
     def last_score_position(self) -> int:
@@ -84,9 +73,6 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
-
-    def num_blocks_needed(self, num_tokens: int, block_size: int) -> int:
-        return (num_tokens + block_size - 1) // block_size
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, tokens={self.num_tokens}, "

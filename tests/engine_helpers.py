@@ -1,7 +1,9 @@
-"""Building engines on test checkpoints, with the default model stubbed out of the way of paths."""
+"""Shared by the engine tests: engines on test checkpoints, request parameters, random prompts and the check of
+scoring rows against transformers' values."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from engine.config import EngineConfig
@@ -25,3 +27,15 @@ def scoring(start: int, k: int = 0) -> SamplingParams:
 def greedy(n: int, logprobs: bool = True, k: int = 0) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, return_logprob=logprobs,
                           top_logprobs_num=k)
+
+
+def rand_ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(2, 320) for _ in range(n)]
+
+
+def assert_rows(got: list, ids: list[int], start: int, expected: list[float], atol: float = 1e-4) -> None:
+    """Scoring rows align to input_ids[start+1:] and match the expected logprobs within atol."""
+    assert [t for _, t in got] == ids[start + 1:], "rows must align to input_ids[N+1:]"
+    diff = max(abs(v - e) for (v, _), e in zip(got, expected, strict=True))
+    assert diff <= atol, diff

@@ -11,8 +11,7 @@ import pytest
 from engine.async_engine import AsyncEngine
 from engine.outputs import merge_outputs
 from engine.sampling_params import SamplingParams
-from tests.engine_helpers import greedy, make_engine, scoring
-from tests.test_engine_scoring import rand_ids
+from tests.engine_helpers import greedy, make_engine, rand_ids, scoring
 
 
 @pytest.fixture(scope="module")

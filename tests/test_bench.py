@@ -15,7 +15,7 @@ from bench.harness import Side, Timings, alternate, percentile
 from bench.mfu import forward_flops
 from bench.report import Goal, Row
 from tests.conftest import hf_model
-from tests.test_engine_scoring import rand_ids
+from tests.engine_helpers import rand_ids
 
 
 def test_alternate_order_warmup_and_prepare() -> None:

@@ -10,8 +10,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from tests.conftest import hf_model, hf_scores
-from tests.engine_helpers import greedy, scoring
-from tests.test_engine_scoring import assert_rows
+from tests.engine_helpers import assert_rows, greedy, scoring
 
 
 @pytest.fixture(scope="module")

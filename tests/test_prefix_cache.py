@@ -11,8 +11,7 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from tests.conftest import hf_logits, hf_scores
-from tests.engine_helpers import greedy, make_engine, scoring
-from tests.test_engine_scoring import assert_rows, rand_ids
+from tests.engine_helpers import assert_rows, greedy, make_engine, rand_ids, scoring
 
 ATOL = 1e-4
 

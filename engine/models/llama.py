@@ -131,6 +131,35 @@ class LlamaForCausalLM(nn.Module):
         self.num_kv_heads = head.num_kv_heads if head else 0
         self.head_dim = head.head_dim if head else 0
 
+    # --- what the model runner needs ---------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.layers)
+
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer for one position, in the model dtype."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [R, hidden] rows as forward() returns them -> [R, vocab] raw logits in the model dtype.
+        Callers pass only the rows they need (bounded blocks), never the whole batch."""
+        return self.lm_head(self.model.norm(hidden))
+
+    def target_logits(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """hidden: [R, hidden], targets: [R] -> [R] float32 raw logit of each row's target token alone: one dot
+        product with that token's LM-head row instead of a vocabulary-wide projection."""
+        h = self.model.norm(hidden).float()  # [R, hidden]
+        w = self.lm_head.weight[targets].float()  # [R, hidden]
+        return (h * w).sum(-1)
+
     def tie_weights(self) -> None:
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

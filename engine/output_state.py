@@ -1,0 +1,87 @@
+"""Per-request output state, owned by LLMEngine: what a request has produced for its caller (text, logprob
+rows) and how much of it was sent, so each RequestOutput carries only the delta. The scheduler and the model
+runner never see it."""
+
+from __future__ import annotations
+
+from engine.outputs import RequestOutput, TokenLogprob
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+
+
+class OutputState:
+    def __init__(self, params: SamplingParams) -> None:
+        # Scoring-only requests have no output rows: null, not [] (the contract). None = not requested.
+        want = params.return_logprob and params.max_tokens > 0
+        # Scoring rows accumulate in order across prefill chunks (and preemptions).
+        self.input_token_logprobs: list[TokenLogprob] | None = [] if params.scores_input else None
+        self.input_top_logprobs: list[list[TokenLogprob]] | None = (
+            [] if params.scores_input and params.top_logprobs_num > 0 else None)
+        self.output_token_logprobs: list[TokenLogprob] | None = [] if want else None
+        self.output_top_logprobs: list[list[TokenLogprob]] | None = (
+            [] if want and params.top_logprobs_num > 0 else None)
+        # Detokenized output text so far (after stop-string handling), written by the Detokenizer.
+        self.text = ""
+        # How much was sent: text characters, output token ids, output logprob rows; input rows go once.
+        self.num_text_sent = 0
+        self.num_ids_sent = 0
+        self.num_output_logprobs_sent = 0
+        self.input_rows_sent = False
+
+    def add_input_rows(self, values: list[TokenLogprob], tops: list[list[TokenLogprob] | None]) -> None:
+        if self.input_token_logprobs is not None and values:
+            self.input_token_logprobs.extend(values)
+            if self.input_top_logprobs is not None:
+                self.input_top_logprobs.extend(t or [] for t in tops)
+
+    def add_sampled(self, value: TokenLogprob | None, top: list[TokenLogprob] | None) -> None:
+        if self.output_token_logprobs is not None and value is not None:
+            self.output_token_logprobs.append(value)
+            if self.output_top_logprobs is not None:
+                self.output_top_logprobs.append(top or [])
+
+    def streamable(self, seq: Sequence) -> int:
+        """How much of the text may be sent now: hold back an unfinished multi-byte character and a tail that
+        could still become a stop string, so that no delta ever needs to be taken back."""
+        text = self.text
+        if seq.is_finished:
+            return len(text)
+        end = len(text)
+        while end > 0 and text[end - 1] == "\ufffd":
+            end -= 1
+        if seq.params.stop:
+            end = min(end, len(text) - (max(len(s) for s in seq.params.stop) - 1))
+        return max(end, self.num_text_sent)
+
+    def delta(self, seq: Sequence) -> RequestOutput:
+        """The output since the previous delta of this request; marks it sent."""
+        end = self.streamable(seq)
+        out_ids = seq.output_token_ids
+        n_lp = self.num_output_logprobs_sent
+        out = RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=out_ids[self.num_ids_sent:],
+            new_text=self.text[self.num_text_sent:end],
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason if seq.is_finished else None,
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_output_tokens,
+            cached_tokens=seq.num_cached_tokens,
+            # Input rows are sent once, with the output that ends the prefill.
+            input_token_logprobs=self._once(self.input_token_logprobs),
+            input_top_logprobs=self._once(self.input_top_logprobs),
+            output_token_logprobs=None if self.output_token_logprobs is None else self.output_token_logprobs[n_lp:],
+            output_top_logprobs=None if self.output_top_logprobs is None else self.output_top_logprobs[n_lp:],
+            arrival_time=seq.arrival_time, scheduled_time=seq.scheduled_time, finished_time=seq.finished_time,
+        )
+        self.num_ids_sent = len(out_ids)
+        self.num_text_sent = end
+        if self.output_token_logprobs is not None:
+            self.num_output_logprobs_sent = len(self.output_token_logprobs)
+        self.input_rows_sent = True
+        return out
+
+    def _once(self, rows: list | None) -> list | None:
+        if rows is None:
+            return None
+        return [] if self.input_rows_sent else list(rows)
