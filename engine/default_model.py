@@ -169,16 +169,24 @@ def _smollm2_pre_tokenizer() -> Any:
 def _convert(source: Path, out: Path) -> None:
     """Dequantize the GGUF into a Hugging Face checkpoint folder `out` (weights, config, tokenizer)."""
     import torch
-    from safetensors.torch import save_file
-    from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(
         str(source.parent), gguf_file=source.name, dtype=torch.float32
     )
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    tied = _write_weights(model, out)
+    config = _write_config(model, tied, out)
+    _write_tokenizer(tokenizer, config.max_position_embeddings, out)
+    _write_marker(source, out)
 
-    # Weights. save_pretrained refuses a GGUF-loaded model, so the state dict is written directly.
+
+def _write_weights(model: Any, out: Path) -> bool:
+    """Writes model.safetensors; returns whether lm_head is tied to the input embedding."""
+    import torch
+    from safetensors.torch import save_file
+
+    # save_pretrained refuses a GGUF-loaded model, so the state dict is written directly.
     # SmolLM2 ties lm_head to embed_tokens (the GGUF has no output.weight); safetensors rejects shared
     # storage, and a tied checkpoint stores only the input embedding anyway.
     state = model.state_dict()
@@ -188,8 +196,15 @@ def _convert(source: Path, out: Path) -> None:
         del state["lm_head.weight"]
     tensors = {name: t.detach().to(torch.float32).contiguous() for name, t in state.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return tied
 
-    # Config. The GGUF origin must not leak: a quantization_config would make from_pretrained treat the
+
+def _write_config(model: Any, tied: bool, out: Path) -> Any:
+    """Writes config.json and generation_config.json; returns the config written."""
+    import torch
+    from transformers import GenerationConfig
+
+    # The GGUF origin must not leak: a quantization_config would make from_pretrained treat the
     # folder as a quantized GGUF checkpoint.
     config = copy.deepcopy(model.config)
     if hasattr(config, "quantization_config"):
@@ -212,10 +227,14 @@ def _convert(source: Path, out: Path) -> None:
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
     ).save_pretrained(str(out))
+    return config
 
-    # Tokenizer.
+
+def _write_tokenizer(tokenizer: Any, max_length: int, out: Path) -> None:
+    from tokenizers import Tokenizer
+
     tokenizer.backend_tokenizer.pre_tokenizer = _smollm2_pre_tokenizer()
-    tokenizer.model_max_length = config.max_position_embeddings
+    tokenizer.model_max_length = max_length
     tokenizer.save_pretrained(str(out))
     # The GGUF asks for no BOS (tokenizer.ggml.add_bos_token = false): ids are scored exactly as given.
     # The chat template also goes into tokenizer_config.json for readers that ignore chat_template.jinja.
@@ -230,6 +249,9 @@ def _convert(source: Path, out: Path) -> None:
     if ids != [81, 256, 33]:
         raise RuntimeError(f"converted SmolLM2 tokenizer is wrong: 'a  1' -> {ids}, expected [81, 256, 33]")
 
+
+def _write_marker(source: Path, out: Path) -> None:
+    """The marker that says the folder is complete and which source and converter made it."""
     import transformers
 
     marker = {
