@@ -70,8 +70,8 @@ class OutputState:
             # Input rows are sent once, with the output that ends the prefill.
             input_token_logprobs=self._once(self.input_token_logprobs),
             input_top_logprobs=self._once(self.input_top_logprobs),
-            output_token_logprobs=None if self.output_token_logprobs is None else self.output_token_logprobs[n_lp:],
-            output_top_logprobs=None if self.output_top_logprobs is None else self.output_top_logprobs[n_lp:],
+            output_token_logprobs=_since(self.output_token_logprobs, n_lp),
+            output_top_logprobs=_since(self.output_top_logprobs, n_lp),
             arrival_time=seq.arrival_time, scheduled_time=seq.scheduled_time, finished_time=seq.finished_time,
         )
         self.num_ids_sent = len(out_ids)
@@ -85,3 +85,7 @@ class OutputState:
         if rows is None:
             return None
         return [] if self.input_rows_sent else list(rows)
+
+
+def _since(rows: list | None, start: int) -> list | None:
+    return None if rows is None else rows[start:]
