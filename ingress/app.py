@@ -64,38 +64,23 @@ async def _on_validation_error(request: Request, exc: Exception) -> Response:
 
 def build_fastapi_app(backend: Backend) -> FastAPI:
     """The ingress app over `backend`; OpenAPI at /docs and /openapi.json."""
-    app = FastAPI(
-        title="rayscore",
-        summary="Exact input-token scoring and generation for a causal LM.",
-        version="0.1.0",
-    )
+    app = FastAPI(title="rayscore", summary="Exact input-token scoring and generation for a causal LM.",
+                  version="0.1.0")
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     routes = GenerateRoutes(backend)
     app.add_api_route(
-        "/generate",
-        routes.generate,
-        methods=["POST"],
+        "/generate", routes.generate, methods=["POST"], response_model=None,
         summary="Generate from, or score, a prompt",
-        response_model=None,
         responses={
-            200: {
-                "model": GenerateResponse,
-                "description": "One JSON answer, or with `stream` server-sent events of deltas ending in [DONE].",
-                "content": {"text/event-stream": {}},
-            },
+            200: {"model": GenerateResponse, "content": {"text/event-stream": {}},
+                  "description": "One JSON answer, or with `stream` server-sent events of deltas ending in [DONE]."},
             400: {"model": ErrorBody, "description": "The request breaks a rule of the contract."},
             500: {"model": ErrorBody, "description": "The engine failed before the answer started."},
             503: {"model": ErrorBody, "description": "No worker could answer."},
-        },
-    )
-    app.add_api_route(
-        "/health",
-        routes.health,
-        methods=["GET"],
-        summary="Ready when the ingress and at least one worker answer",
-        response_model=None,
-        responses={200: {"model": HealthBody}, 503: {"model": HealthBody}},
-    )
+        })
+    app.add_api_route("/health", routes.health, methods=["GET"], response_model=None,
+                      summary="Ready when the ingress and at least one worker answer",
+                      responses={200: {"model": HealthBody}, 503: {"model": HealthBody}})
     # /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info (openai_routes.py).
     app.include_router(openai_router(backend))
     return app
