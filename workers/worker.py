@@ -13,8 +13,15 @@ from ray import serve
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from workers.convert import error_chunk, to_chunk, to_params
-from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo, WorkerStats
+from workers.convert import to_chunk
+from workers.protocol import (
+    GenerateChunk,
+    GenerateRequest,
+    ModelInfo,
+    TokenizerInfo,
+    WorkerStats,
+    error_chunk,
+)
 
 log = logging.getLogger("ray.serve")
 
@@ -45,7 +52,7 @@ class EngineWorker:
                 return
         # aclosing: when Serve cancels this call (client gone), the engine stream is closed at once, which
         # aborts the request and frees its KV blocks.
-        async with contextlib.aclosing(self.engine.generate(req.rid, ids, to_params(req))) as stream:
+        async with contextlib.aclosing(self.engine.generate(req.rid, ids, req.params)) as stream:
             async for out in stream:
                 yield to_chunk(out)
 
