@@ -37,4 +37,4 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     return Ingress.options(
         ray_actor_options={"num_cpus": cfg.ingress_num_cpus},
         **_scaling(cfg.ingress_num_replicas, cfg.ingress_autoscaling),
-    ).bind(worker)
+    ).bind(worker, settings=cfg.ingress_settings(), allow_unauthenticated=cfg.allow_unauthenticated)

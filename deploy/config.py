@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, model_validator
 
 from engine.config import EngineConfig
+from ingress.settings import IngressSettings
 
 MIB = 1024 * 1024
 # Engine fields set differently at this edge: the KV budget in MiB (kv_cache_mb), and the thread count,
@@ -59,6 +60,33 @@ class AppConfig(EngineFields):  # type: ignore[misc,valid-type]
     ingress_num_replicas: int = Field(1, gt=0, description="Ingress replicas when not autoscaling.")
     ingress_autoscaling: dict[str, Any] | None = Field(None, description="Serve autoscaling_config for the ingress.")
     ingress_num_cpus: float = Field(0.5, ge=0, description="Logical CPUs per ingress replica.")
+
+    # --- self-protection, enforced by the ingress (issue 13); each is named in the error it causes ---
+    max_top_logprobs: int = Field(100, ge=0, description="Largest top-k per position a request may ask "
+                                  "(/generate top_logprobs_num, OpenAI logprobs); 400 above it.")
+    max_logprob_entries: int = Field(204_800, gt=0, description="Most [value, token_id] entries one request may "
+                                     "return: rows x (1 + top-k), rows = scored input rows + generated tokens; "
+                                     "400 above it.")
+    max_request_bytes: int = Field(4 * MIB, gt=0, description="Largest HTTP request body, bytes; 413 above it.")
+    request_timeout_s: float | None = Field(600.0, gt=0, description="Seconds a request may take from arrival to "
+                                            "its last byte; then it is aborted (504, or an error event "
+                                            "mid-stream). null: no deadline.")
+    retry_deadline_s: float = Field(60.0, ge=0, description="A request whose worker died before any byte was sent "
+                                    "runs again on another (or the replacement) worker for up to this long after "
+                                    "the failure; 0: never.")
+    # SecretStr: a config printed or logged shows '**********', never a key.
+    api_keys: list[SecretStr] | None = Field(None, description="Accepted `Authorization: Bearer` keys (every route but "
+                                       "/health and the API docs); also from $RAYSCORE_API_KEYS, comma-separated.")
+    allow_unauthenticated: bool = Field(False, description="Serve without API keys on a non-loopback address on "
+                                        "purpose; otherwise such a config refuses to start.")
+
+    def ingress_settings(self) -> IngressSettings:
+        """What the ingress enforces (the keys of $RAYSCORE_API_KEYS are added where it runs)."""
+        return IngressSettings(
+            max_top_logprobs=self.max_top_logprobs, max_logprob_entries=self.max_logprob_entries,
+            max_request_bytes=self.max_request_bytes, request_timeout_s=self.request_timeout_s,
+            retry_deadline_s=self.retry_deadline_s,
+            api_keys=tuple(k.get_secret_value() for k in self.api_keys or ()))
 
     @model_validator(mode="after")
     def _engine_config_is_valid(self) -> AppConfig:

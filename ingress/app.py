@@ -12,10 +12,16 @@ from starlette.responses import Response
 
 from ingress.backend import Backend
 from ingress.errors import JSONAnswer
-from ingress.lifecycle import Batch, Lifecycle
+from ingress.lifecycle import Batch, ErrorBody, Lifecycle
+from ingress.middleware import GuardMiddleware
+from ingress.openai_format import error_json as openai_error_json
 from ingress.openai_routes import openai_router
+from ingress.openapi import error_responses
 from ingress.responses import chunk_json, error_json, sse_event
-from ingress.schemas import ErrorBody, GenerateBody, GenerateResponse, HealthBody
+from ingress.retry import RetryCounter
+from ingress.schemas import ErrorBody as ErrorModel
+from ingress.schemas import GenerateBody, GenerateResponse, HealthBody
+from ingress.settings import IngressSettings
 from ingress.streaming import SSE_DONE
 from ingress.validation import to_request, validate
 from workers.protocol import GenerateChunk
@@ -24,9 +30,9 @@ from workers.protocol import GenerateChunk
 class GenerateRoutes:
     """Route handlers bound to one backend; the FastAPI app is only their wiring."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, settings: IngressSettings, retries: RetryCounter) -> None:
         self._backend = backend
-        self._lifecycle = Lifecycle(backend, error_json)
+        self._lifecycle = Lifecycle(backend, error_json, settings, retries)
 
     async def generate(self, body: GenerateBody, request: Request) -> Response:
         return await self._lifecycle.run(request, lambda batch: self._generate(body, batch))
@@ -62,25 +68,37 @@ async def _on_validation_error(request: Request, exc: Exception) -> Response:
     return JSONAnswer({"detail": jsonable_encoder(exc.errors())}, status_code=422)
 
 
-def build_fastapi_app(backend: Backend) -> FastAPI:
-    """The ingress app over `backend`; OpenAPI at /docs and /openapi.json."""
+# Routes whose errors have the contract's body (docs/generate-contract.md); every other route speaks OpenAI's.
+CONTRACT_PATHS = frozenset({"/generate"})
+
+
+def error_shape(path: str) -> ErrorBody:
+    """The error body of the API `path` belongs to (for checks that run before routing: middleware.py)."""
+    return error_json if path in CONTRACT_PATHS else openai_error_json
+
+
+def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
+                      retries: RetryCounter | None = None) -> FastAPI:
+    """The ingress app over `backend`, enforcing `settings`; OpenAPI at /docs and /openapi.json.
+    `retries` counts requests run again after their worker was lost."""
+    settings = settings or IngressSettings()
+    retries = retries or RetryCounter()
     app = FastAPI(title="rayscore", summary="Exact input-token scoring and generation for a causal LM.",
                   version="0.1.0")
     app.add_exception_handler(RequestValidationError, _on_validation_error)
-    routes = GenerateRoutes(backend)
+    app.add_middleware(GuardMiddleware, settings=settings, error_body=error_shape)
+    routes = GenerateRoutes(backend, settings, retries)
     app.add_api_route(
         "/generate", routes.generate, methods=["POST"], response_model=None,
         summary="Generate from, or score, a prompt",
         responses={
             200: {"model": GenerateResponse, "content": {"text/event-stream": {}},
                   "description": "One JSON answer, or with `stream` server-sent events of deltas ending in [DONE]."},
-            400: {"model": ErrorBody, "description": "The request breaks a rule of the contract."},
-            500: {"model": ErrorBody, "description": "The engine failed before the answer started."},
-            503: {"model": ErrorBody, "description": "No worker could answer."},
+            **error_responses(ErrorModel, body=True, generates=True, own_422=False),
         })
     app.add_api_route("/health", routes.health, methods=["GET"], response_model=None,
                       summary="Ready when the ingress and at least one worker answer",
                       responses={200: {"model": HealthBody}, 503: {"model": HealthBody}})
     # /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info (openai_routes.py).
-    app.include_router(openai_router(backend))
+    app.include_router(openai_router(backend, settings, retries))
     return app

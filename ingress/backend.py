@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import AsyncGenerator, Awaitable
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from ingress.errors import Overloaded, WorkerLost, worker_failed
 from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo
 
 if TYPE_CHECKING:  # Ray is only needed once a handle exists; tests of the routes never import it.
     from ray.serve.handle import DeploymentHandle
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Backend(Protocol):
@@ -29,6 +31,8 @@ class Backend(Protocol):
 
         Closing it (aclose) or cancelling the task that awaits it before the end must abort the
         request in the worker, so that a client that went away frees the engine's memory.
+        A worker that died or vanished raises WorkerLost (the lifecycle may run the request again); a full
+        queue raises Overloaded. So does every other method below.
         """
         ...
 
@@ -56,7 +60,8 @@ class Backend(Protocol):
 
 class HandleBackend:
     """Backend over the worker deployment: `generate` (streaming), `model_info`, `stats` and the tokenizer's
-    `tokenize`, `detokenize`, `token_texts`, `tokenizer_info`."""
+    `tokenize`, `detokenize`, `token_texts`, `tokenizer_info`. Ray's errors for a lost replica become
+    WorkerLost and Serve's BackPressureError becomes Overloaded (`_translated`)."""
 
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0) -> None:
         self._worker = worker
@@ -68,7 +73,7 @@ class HandleBackend:
 
     async def model_info(self) -> ModelInfo:
         if self._info is None:
-            self._info = await self._worker.model_info.remote()
+            self._info = await _call(self._worker.model_info.remote())
         return self._info
 
     async def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
@@ -78,6 +83,8 @@ class HandleBackend:
             async for chunk in response:
                 finished = chunk.finished
                 yield chunk
+        except Exception as exc:
+            raise _translated(exc) from exc
         finally:
             # Reached by aclose(), by cancellation of the consuming task (client gone) and by errors.
             # Cancelling the response cancels the replica's `generate` task: the worker sees
@@ -86,17 +93,17 @@ class HandleBackend:
                 response.cancel()
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return await self._worker.tokenize.remote(text, add_special_tokens)
+        return await _call(self._worker.tokenize.remote(text, add_special_tokens))
 
     async def detokenize(self, ids: list[int]) -> str:
-        return await self._worker.detokenize.remote(ids)
+        return await _call(self._worker.detokenize.remote(ids))
 
     async def token_texts(self, ids: list[int]) -> list[str]:
-        return await self._worker.token_texts.remote(ids)
+        return await _call(self._worker.token_texts.remote(ids))
 
     async def tokenizer_info(self) -> TokenizerInfo:
         if self._tokenizer_info is None:
-            self._tokenizer_info = await self._worker.tokenizer_info.remote()
+            self._tokenizer_info = await _call(self._worker.tokenizer_info.remote())
         return self._tokenizer_info
 
     async def ready(self) -> bool:
@@ -108,6 +115,32 @@ class HandleBackend:
             response.cancel()
             logger.info("worker not ready: %s", type(exc).__name__)
             return False
+
+
+def _translated(exc: Exception) -> Exception:
+    """Ray's error for a replica that died or became unreachable (RayActorError: ActorDiedError,
+    ActorUnavailableError, also when a RayTaskError carries one) -> WorkerLost; Serve's BackPressureError
+    (max_queued_requests) -> Overloaded with its Retry-After; anything else unchanged."""
+    from ray.exceptions import RayActorError
+    from ray.serve.exceptions import BackPressureError
+
+    cause = getattr(exc, "cause", None)
+    if isinstance(exc, RayActorError) or isinstance(cause, RayActorError):
+        return WorkerLost(worker_failed(exc))
+    if isinstance(exc, BackPressureError):
+        overloaded = Overloaded(f"The server is at capacity: {exc.message} Try again shortly "
+                                "(config field `worker_max_queued_requests`).")
+        if exc.retry_after_s is not None:
+            overloaded.retry_after_s = max(1, round(exc.retry_after_s))  # type: ignore[misc]
+        return overloaded
+    return exc
+
+
+async def _call(response: Awaitable[T]) -> T:
+    try:
+        return await response
+    except Exception as exc:
+        raise _translated(exc) from exc
 
 
 async def _await(response: object) -> object:

@@ -1,19 +1,43 @@
 """The Ray Serve ingress deployment: the FastAPI app of app.py over the worker deployment's handle.
 
-Bound by deploy/ (never here): `Ingress.options(...).bind(worker_app)`.
-Constructor: `Ingress(worker: DeploymentHandle, ready_timeout_s: float = 5.0)`, where `worker` is the
-worker deployment (methods `generate` streaming GenerateChunk, `model_info`, `stats`) and
-`ready_timeout_s` bounds how long GET /health waits for a worker's `stats` before answering 503.
+Bound by deploy/ (never here): `Ingress.options(...).bind(worker_app, settings=..., allow_unauthenticated=...)`.
+Constructor: `Ingress(worker: DeploymentHandle, ready_timeout_s: float = 5.0, settings: IngressSettings | None,
+allow_unauthenticated: bool = False)`, where `worker` is the worker deployment (methods `generate` streaming
+GenerateChunk, `model_info`, `stats`), `ready_timeout_s` bounds how long GET /health waits for a worker's
+`stats` before answering 503, and `settings` holds the limits, deadlines and config keys (settings.py).
+Handle method: `stats()` -> {"retries": requests run again after their worker was lost}.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
+
 from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from ray.util.metrics import Counter
 
 from ingress.app import build_fastapi_app
+from ingress.auth import check_exposure, resolve_keys
 from ingress.backend import HandleBackend
+from ingress.retry import RetryCounter
+from ingress.settings import IngressSettings
+
+logger = logging.getLogger("ray.serve")
+
+
+def serve_http_host() -> str | None:
+    """The address Serve's HTTP proxies bind (the Serve YAML's `http_options.host`), from the controller;
+    None when it cannot be found out (the caller then assumes the worst)."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        return _get_global_client().http_config.host
+    except Exception as exc:  # an API that moved must not pass for a loopback bind
+        logger.warning("could not read Serve's http_options.host: %s", type(exc).__name__)
+        return None
 
 
 # `serve.ingress()` without an app is Serve's late-bound form: the app is built on the replica, after
@@ -24,8 +48,23 @@ from ingress.backend import HandleBackend
 @serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.5})
 @serve.ingress()
 class Ingress:
-    def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0) -> None:
+    def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
+                 settings: IngressSettings | None = None, allow_unauthenticated: bool = False) -> None:
+        settings = settings or IngressSettings()
+        # Keys from $RAYSCORE_API_KEYS are read here, where the ingress runs, and never leave this process.
+        keys = resolve_keys(settings.api_keys, os.environ)
+        # Raising here fails the deployment: a server reachable from other machines without keys never starts.
+        check_exposure(serve_http_host(), keys, allow_unauthenticated)
+        self._settings = dataclasses.replace(settings, api_keys=keys)
         self._backend = HandleBackend(worker, ready_timeout_s=ready_timeout_s)
+        metric = Counter("rayscore_retries_total",
+                         description="Requests run again because their worker was lost before any byte was sent.")
+        self._retries = RetryCounter(on_retry=metric.inc)
+        logger.info("rayscore ingress: %d API key(s), %s", len(keys), self._settings)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_fastapi_app(self._backend)
+        return build_fastapi_app(self._backend, self._settings, self._retries)
+
+    async def stats(self) -> dict[str, int]:
+        """This replica's counters (handle method; HTTP routes are the app's)."""
+        return {"retries": self._retries.total}

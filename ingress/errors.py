@@ -3,8 +3,11 @@
 - InvalidRequest (400, and a worker's other 4xx codes): the client sent something the rules reject, found by
   a validator or by the worker (FinishInfo code 400: a text prompt too long once tokenized, ...). The
   client must change the request. NotFound (404): it names something this server does not have.
+- Unauthorized (401): no valid API key. PayloadTooLarge (413): the body is over `max_request_bytes`.
 - ServerError (500): the engine failed. Unavailable (503): no worker could answer (none ready, or it died
-  before a byte was sent); retrying later may succeed once the worker is replaced.
+  before a byte was sent); retrying later may succeed once the worker is replaced. Its kinds: WorkerLost
+  (the worker died or vanished: the lifecycle runs the request again, retry.py) and Overloaded (a full
+  queue: answered at once, with `Retry-After`). DeadlineExceeded (504): over `request_timeout_s`.
 - ClientGone (499): the client went away first; nobody reads the answer.
 The lifecycle (lifecycle.py) raises them and turns any other exception into Unavailable. Once a stream has
 started the status is 200 for good: errors are then in-band, in each API's own event.
@@ -44,6 +47,10 @@ class IngressError(Exception):
         if status is not None:
             self.status = status  # type: ignore[misc]  # an instance may refine its class's code (4xx, 5xx)
 
+    def headers(self) -> dict[str, str]:
+        """HTTP headers the answer carries besides its body."""
+        return {}
+
 
 class InvalidRequest(IngressError):
     status = 400
@@ -55,12 +62,42 @@ class NotFound(IngressError):
     type = "not_found_error"
 
 
+class Unauthorized(IngressError):
+    status = 401
+    type = "authentication_error"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
+class PayloadTooLarge(InvalidRequest):
+    status = 413
+
+
 class ServerError(IngressError):
     status = 500
 
 
 class Unavailable(ServerError):
     status = 503
+
+
+class WorkerLost(Unavailable):
+    """The worker serving the request died or vanished (Ray's actor errors): the request can run elsewhere."""
+
+
+class Overloaded(Unavailable):
+    """A queue is full (a worker's bounded queue, or Serve's max_queued_requests): come back shortly."""
+
+    retry_after_s: ClassVar[int] = 1
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class DeadlineExceeded(IngressError):
+    status = 504
+    type = "timeout_error"
 
 
 class ClientGone(IngressError):
@@ -77,7 +114,8 @@ def finish_error(finish: FinishInfo | None) -> IngressError | None:
     """The error a worker's `error` finish stands for; None for any other finish.
 
     The worker's code picks the class: a 4xx is the client's fault and keeps its code and message (the
-    worker rejects a request for its prompt, hence `param`); anything else (500, or no code) is the server's.
+    worker rejects a request for its prompt, hence `param`); 503 is a full queue (Overloaded); anything else
+    (500, or no code) is the server's.
     """
     if finish is None or finish.type != "error":
         return None
@@ -85,6 +123,10 @@ def finish_error(finish: FinishInfo | None) -> IngressError | None:
     code = finish.code
     if code is not None and 400 <= code < 500:
         return InvalidRequest(message, param="prompt", status=code)
+    if code == Overloaded.status:  # the worker's bounded queue refused it at once
+        return Overloaded(message)
+    if code == DeadlineExceeded.status:  # the ingress's own deadline, as an in-band error of a stream
+        return DeadlineExceeded(message)
     return ServerError(message, status=code if code is not None and 500 <= code < 600 else 500)
 
 

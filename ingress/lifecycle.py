@@ -8,11 +8,13 @@
 `run` owns what every request needs: the client's disconnect cancels the work (ClientGone, 499), typed
 errors (errors.py) become the API's error body, any other exception is a 503 (no worker could answer), and
 every worker stream is closed at the end - which aborts the requests whose final chunk was not seen -
-unless an SSE response took them over, and then it closes them when it ends.
+unless an SSE response took them over, and then it closes them when it ends. It also runs the work again,
+on a fresh batch, when a worker was lost before any byte went out (retry.py), and bounds the whole request
+by `request_timeout_s`: 504 before any byte, a final `error` chunk (code 504) after (`Batch.rest`).
 
 A batch is N prompts -> N worker requests -> N answers in the prompts' order; a single prompt is the batch
 of one. Each step is the one place for what belongs there: a check that must come before any work is
-queued goes in `open`; what may happen while no byte has reached the client (the status can still change)
+queued goes in `open` (the limits of limits.py are checked there, for every route); what may happen while no byte has reached the client (the status can still change)
 in `firsts` and `collect`; what concerns the whole HTTP exchange in `run`.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -31,12 +34,17 @@ from ingress.disconnect import until_disconnect
 from ingress.errors import (
     WORKER_ENDED_EARLY,
     ClientGone,
+    DeadlineExceeded,
     IngressError,
     JSONAnswer,
     Unavailable,
+    WorkerLost,
     finish_error,
     worker_failed,
 )
+from ingress.limits import check_limits
+from ingress.retry import RetryBudget, RetryCounter
+from ingress.settings import IngressSettings
 from ingress.streaming import SSEResponse
 from workers.protocol import GenerateChunk, GenerateRequest, error_chunk, merge_outputs
 
@@ -44,6 +52,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Stream = AsyncGenerator[GenerateChunk, None]
 ErrorBody = Callable[[IngressError], dict[str, Any]]
+DEADLINE = "The request exceeded its deadline of {seconds:g} s (config field `request_timeout_s`)."
 
 
 async def all_or_none(aws: Iterable[Awaitable[T]]) -> list[T]:
@@ -61,16 +70,21 @@ async def all_or_none(aws: Iterable[Awaitable[T]]) -> list[T]:
 class Batch:
     """The worker requests of one HTTP request: opened together, answered in order, closed together."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, settings: IngressSettings | None = None,
+                 deadline: float | None = None) -> None:
         self._backend = backend
+        self._settings = settings or IngressSettings()
+        self._deadline = deadline  # time.monotonic() by which the whole request must be answered
         self._streams: list[Stream] = []
         self._firsts: list[GenerateChunk] = []
         self.handed_off = False  # an SSE response owns the streams and closes them
 
     def open(self, requests: Sequence[GenerateRequest]) -> None:
-        """Start one worker stream per request (nothing is sent before the first chunk is awaited)."""
+        """Check the requests against the limits (InvalidRequest), then start one worker stream per request
+        (nothing is sent before the first chunk is awaited)."""
         if self._streams:
             raise RuntimeError("a batch is opened once")
+        check_limits(requests, self._settings)
         self._streams = [self._backend.stream(req) for req in requests]
 
     async def firsts(self) -> list[GenerateChunk]:
@@ -90,8 +104,8 @@ class Batch:
 
         Ends when every stream has sent its final chunk, or right after a final `error` chunk. Once bytes
         are out the status is 200 for good, so a stream that fails (the worker died, or the stream ended
-        without a final chunk) is reported as such a chunk, built on the last one it sent. Nothing is read
-        after a stream's final chunk.
+        without a final chunk) or outlives the request's deadline is reported as such a chunk, built on the
+        last one it sent. Nothing is read after a stream's final chunk.
         """
         last = list(self._firsts)
         pending: dict[asyncio.Future[GenerateChunk | None], int] = {}
@@ -104,7 +118,12 @@ class Batch:
                 read_next(i)
         try:
             while pending:
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+                done, _ = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not done:  # past the deadline: the request ends here, in-band (its streams are then closed)
+                    i = min(pending.values())
+                    yield i, error_chunk(last[i].rid, self.deadline_message(), DeadlineExceeded.status, after=last[i])
+                    return
                 for task in done:
                     i = pending.pop(task)
                     last[i] = chunk = _next_chunk(task, last[i])
@@ -127,6 +146,9 @@ class Batch:
         # Aborts every worker request whose final chunk was not seen (the Backend.stream contract).
         for stream in self._streams:
             await stream.aclose()
+
+    def deadline_message(self) -> str:
+        return DEADLINE.format(seconds=self._settings.request_timeout_s)
 
 
 async def _first(stream: Stream) -> GenerateChunk:
@@ -164,29 +186,57 @@ def _next_chunk(task: asyncio.Future[GenerateChunk | None], last: GenerateChunk)
 
 
 class Lifecycle:
-    """Runs the requests of one API: its routes hand `run` their work; `error_body` writes its error shape."""
+    """Runs the requests of one API: its routes hand `run` their work; `error_body` writes its error shape.
+    `retries` counts the requests run again after a worker was lost."""
 
-    def __init__(self, backend: Backend, error_body: ErrorBody) -> None:
+    def __init__(self, backend: Backend, error_body: ErrorBody, settings: IngressSettings | None = None,
+                 retries: RetryCounter | None = None) -> None:
         self._backend = backend
         self._error_body = error_body
+        self._settings = settings or IngressSettings()
+        self._retries = retries or RetryCounter()
 
     async def run(self, request: Request, work: Callable[[Batch], Awaitable[Response]]) -> Response:
         """`work(batch)`'s answer, or the error answer for what it raised; the batch closed unless streamed."""
-        batch = Batch(self._backend)
         try:
             # The body was read before the handler ran: from here the next ASGI message is the disconnect.
-            return await until_disconnect(request.receive, work(batch))
+            return await until_disconnect(request.receive, self._attempts(work))
         except IngressError as exc:
             return self.answer(exc)
         except Exception as exc:
             logger.warning("worker failed before the answer started", exc_info=exc)
             return self.answer(Unavailable(worker_failed(exc)))
-        finally:
-            # Also runs when Ray Serve cancels this handler because the client went away.
-            if not batch.handed_off:
-                await batch.aclose()
+
+    async def _attempts(self, work: Callable[[Batch], Awaitable[Response]]) -> Response:
+        """`work` on a fresh batch, again while its worker was lost and the retry budget lasts, all within the
+        request's deadline."""
+        timeout_s = self._settings.request_timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        budget = RetryBudget(self._settings.retry_deadline_s)
+        timer = asyncio.timeout(timeout_s)
+        try:
+            async with timer:
+                while True:
+                    batch = Batch(self._backend, self._settings, deadline)
+                    try:
+                        return await work(batch)
+                    except WorkerLost as exc:
+                        if (wait := budget.next_wait()) is None:
+                            raise
+                        self._retries()
+                        logger.info("worker lost before any byte was sent; attempt %d in %.2f s (%s)",
+                                    budget.attempts + 1, wait, exc.message)
+                    finally:
+                        # Also runs when Ray Serve cancels this handler because the client went away.
+                        if not batch.handed_off:
+                            await batch.aclose()
+                    await asyncio.sleep(wait)
+        except TimeoutError:
+            if timer.expired():
+                raise DeadlineExceeded(DEADLINE.format(seconds=timeout_s)) from None
+            raise
 
     def answer(self, exc: IngressError) -> Response:
         if isinstance(exc, ClientGone):
             return Response(status_code=exc.status)  # nobody reads it, but access logs stay honest
-        return JSONAnswer(self._error_body(exc), status_code=exc.status)
+        return JSONAnswer(self._error_body(exc), status_code=exc.status, headers=exc.headers())

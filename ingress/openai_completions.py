@@ -117,6 +117,6 @@ class CompletionRoutes:
                 yield sse_data(completion_json(*head, [], usage_json(choices)))
         except Exception as exc:  # CancelledError / GeneratorExit are BaseException: they pass through
             logger.warning("completion failed mid-stream, id=%s", head[0], exc_info=exc)
-            message = exc.message if isinstance(exc, IngressError) else worker_failed(exc)
-            yield sse_data(error_json(ServerError(message)))
+            error = exc if isinstance(exc, IngressError) else ServerError(worker_failed(exc))
+            yield sse_data(error_json(error))
         yield SSE_DONE

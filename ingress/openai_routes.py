@@ -37,6 +37,9 @@ from ingress.openai_schemas import (
     TokenizeResponse,
 )
 from ingress.openai_validation import check_model
+from ingress.openapi import error_responses
+from ingress.retry import RetryCounter
+from ingress.settings import IngressSettings
 from ingress.rules import TOKEN_OUT_OF_RANGE
 from workers.protocol import TokenizerInfo
 
@@ -114,16 +117,9 @@ class TokenizerRoutes:
         return await self._lifecycle.run(request, work)
 
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": OpenAIErrorBody, "description": "A value the rules reject; `param` names the field."},
-    422: {"model": OpenAIErrorBody, "description": "A body of the wrong shape."},
-    503: {"model": OpenAIErrorBody, "description": "No worker could answer."},
-}
-
-
-def openai_router(backend: Backend) -> APIRouter:
+def openai_router(backend: Backend, settings: IngressSettings, retries: RetryCounter) -> APIRouter:
     """The OpenAI-compatible routes over `backend`, for `app.include_router`."""
-    lifecycle = Lifecycle(backend, error_json)
+    lifecycle = Lifecycle(backend, error_json, settings, retries)
     completions = CompletionRoutes(backend, lifecycle)
     routes = TokenizerRoutes(backend, lifecycle)
     router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI-compatible"])
@@ -132,16 +128,19 @@ def openai_router(backend: Backend) -> APIRouter:
         summary="OpenAI legacy completions; echo + logprobs scores the prompt",
         responses={200: {"model": CompletionResponse, "content": {"text/event-stream": {}},
                          "description": "One JSON answer, or with `stream` OpenAI chunks ending in [DONE]."},
-                   404: {"model": OpenAIErrorBody, "description": "`model` is not the served model."},
-                   **_ERRORS})
+                   **error_responses(OpenAIErrorBody, body=True, generates=True, names_model=True)})
     router.add_api_route("/v1/models", routes.models, methods=["GET"], response_model=None,
-                         summary="The served model", responses={200: {"model": ModelList}, 503: _ERRORS[503]})
+                         summary="The served model",
+                         responses={200: {"model": ModelList}, **error_responses(OpenAIErrorBody)})
     router.add_api_route("/tokenize", routes.tokenize, methods=["POST"], response_model=None,
                          summary="Text -> token ids, as prompts are tokenized",
-                         responses={200: {"model": TokenizeResponse}, **_ERRORS})
+                         responses={200: {"model": TokenizeResponse},
+                                    **error_responses(OpenAIErrorBody, body=True, names_model=True)})
     router.add_api_route("/detokenize", routes.detokenize, methods=["POST"], response_model=None,
-                         summary="Token ids -> text", responses={200: {"model": DetokenizeResponse}, **_ERRORS})
+                         summary="Token ids -> text",
+                         responses={200: {"model": DetokenizeResponse},
+                                    **error_responses(OpenAIErrorBody, body=True, names_model=True)})
     router.add_api_route("/tokenizer_info", routes.tokenizer_info, methods=["GET"], response_model=None,
                          summary="Special tokens and chat template (lm-eval's remote tokenizer)",
-                         responses={200: {"model": TokenizerInfo}, 503: _ERRORS[503]})
+                         responses={200: {"model": TokenizerInfo}, **error_responses(OpenAIErrorBody)})
     return router

@@ -137,7 +137,8 @@ class DetokenizeResponse(BaseModel):
 
 class OpenAIError(BaseModel):
     message: str
-    type: Literal["invalid_request_error", "not_found_error", "server_error"]
+    type: Literal["invalid_request_error", "authentication_error", "not_found_error", "server_error",
+                  "timeout_error"]
     param: str | None
     code: int = Field(description="The HTTP status.")
 

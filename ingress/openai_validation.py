@@ -17,8 +17,6 @@ from ingress.openai_schemas import CompletionBody
 from ingress.rules import CONTEXT_TOO_LONG, MAX_TOKENS_NEGATIVE, check_sampling
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 
-# OpenAI's bound on `logprobs` for legacy completions.
-MAX_LOGPROBS = 20
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for legacy completions
 
 
@@ -56,8 +54,10 @@ def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSett
         raise InvalidRequest("max_tokens 0 requires echo=true: it returns the prompt's logprobs only.",
                              param="max_tokens")
     k = body.logprobs
-    if k is not None and not 0 <= k <= min(MAX_LOGPROBS, info.vocab_size):
-        raise InvalidRequest(f"The logprobs {k} must be between 0 and {MAX_LOGPROBS}.", param="logprobs")
+    # Its upper bound is the server's `max_top_logprobs`, checked for every route as the work is opened
+    # (limits.py), and the vocabulary size (check_sampling).
+    if k is not None and k < 0:
+        raise InvalidRequest(f"The logprobs {k} must be non-negative.", param="logprobs")
     if k is not None and info.logprobs_mode != "raw_logprobs":
         raise InvalidRequest(
             f"logprobs requires the server's raw_logprobs mode; it runs {info.logprobs_mode}.", param="logprobs")

@@ -124,7 +124,7 @@ def test_models_and_tokenizer_routes(url: str, smollm2_path) -> None:
 @pytest.mark.parametrize("body, status, param", [
     ({"model": "gpt-3.5-turbo-instruct", "prompt": "Hi"}, 404, "model"),
     ({"model": MODEL, "prompt": "Hi", "n": 2}, 400, "n"),
-    ({"model": MODEL, "prompt": "Hi", "logprobs": 21}, 400, "logprobs"),
+    ({"model": MODEL, "prompt": "Hi", "logprobs": -1}, 400, "logprobs"),
     ({"model": MODEL, "prompt": [[1, 49152]]}, 400, "prompt"),
     ({"model": MODEL, "prompt": "hello " * 8200, "max_tokens": 1}, 400, "prompt"),
     ({"model": MODEL, "prompt": [1] * 8000, "max_tokens": 500}, 400, "prompt"),

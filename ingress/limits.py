@@ -1,0 +1,48 @@
+"""What one request may ask the workers for, checked on its worker requests before any is sent.
+
+Every route builds GenerateRequest carriers, and the lifecycle checks them here as it opens them
+(`Batch.open`), so a route added later gets the limits for free. A request over a limit is a 400 whose
+message names the limit and the config field that raises it. The body's size (413) is checked earlier, on
+the raw bytes (middleware.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ingress.errors import InvalidRequest
+from ingress.settings import IngressSettings
+from workers.protocol import GenerateRequest
+
+TOP_K_OVER = ("The request asks for the {k} most likely tokens per position; this server returns at most {limit} "
+              "(config field `max_top_logprobs`).")
+ENTRIES_OVER = ("The request would return {entries} logprob entries (rows x (1 + top-k), summed over its prompts); "
+                "this server returns at most {limit} per request (config field `max_logprob_entries`).")
+
+
+def logprob_rows(req: GenerateRequest) -> int:
+    """Rows of logprobs the request returns: its scored input rows plus its generated tokens (at most
+    max_tokens), none without return_logprob. A text prompt is never scored (scoring needs ids)."""
+    p = req.params
+    if not p.return_logprob:
+        return 0
+    scored = 0
+    if p.logprob_start_len >= 0 and req.input_ids is not None:
+        scored = max(0, len(req.input_ids) - p.logprob_start_len - 1)  # rows score ids[N+1:]
+    return scored + p.max_tokens
+
+
+def logprob_entries(req: GenerateRequest) -> int:
+    """[value, token_id] entries the request's answer holds at most: each row's own and its top-k."""
+    return logprob_rows(req) * (1 + req.params.top_logprobs_num)
+
+
+def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings) -> None:
+    """Raise InvalidRequest (400) when the worker requests of one HTTP request exceed a limit."""
+    for req in requests:
+        k = req.params.top_logprobs_num
+        if k > settings.max_top_logprobs:
+            raise InvalidRequest(TOP_K_OVER.format(k=k, limit=settings.max_top_logprobs))
+    entries = sum(logprob_entries(req) for req in requests)
+    if entries > settings.max_logprob_entries:
+        raise InvalidRequest(ENTRIES_OVER.format(entries=entries, limit=settings.max_logprob_entries))
