@@ -8,12 +8,13 @@ from collections.abc import AsyncGenerator
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from ingress.backend import Backend
-from ingress.errors import JSONAnswer
+from ingress.errors import InvalidRequest, JSONAnswer, NotFound
 from ingress.lifecycle import Batch, ErrorBody, Lifecycle
-from ingress.middleware import GuardMiddleware
+from ingress.middleware import GuardMiddleware, route_path
 from ingress.openai_format import error_json as openai_error_json
 from ingress.openai_routes import openai_router
 from ingress.openapi import error_responses
@@ -77,6 +78,15 @@ def error_shape(path: str) -> ErrorBody:
     return error_json if path in CONTRACT_PATHS else openai_error_json
 
 
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    """FastAPI's own HTTP errors (a body it cannot parse: 400; no such route: 404; a wrong method: 405) in the
+    error shape of the API the path belongs to, instead of its `{"detail": ...}`."""
+    assert isinstance(exc, StarletteHTTPException)
+    message = exc.detail if isinstance(exc.detail, str) else "The request was rejected."
+    error = NotFound(message) if exc.status_code == 404 else InvalidRequest(message, status=exc.status_code)
+    return JSONAnswer(error_shape(route_path(request.scope))(error), status_code=exc.status_code, headers=exc.headers)
+
+
 def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
                       retries: RetryCounter | None = None) -> FastAPI:
     """The ingress app over `backend`, enforcing `settings`; OpenAPI at /docs and /openapi.json.
@@ -86,6 +96,7 @@ def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
     app = FastAPI(title="rayscore", summary="Exact input-token scoring and generation for a causal LM.",
                   version="0.1.0")
     app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_middleware(GuardMiddleware, settings=settings, error_body=error_shape)
     routes = GenerateRoutes(backend, settings, retries)
     app.add_api_route(

@@ -40,7 +40,7 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = _route_path(scope)
+        path = route_path(scope)
         try:
             if path not in OPEN_PATHS:
                 check_authorization(_header(scope, b"authorization"), self.settings.api_keys)
@@ -85,7 +85,8 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def _route_path(scope: Scope) -> str:
+def route_path(scope: Scope) -> str:
+    """The path routes are matched on."""
     # Under Serve the app is mounted at a route prefix (root_path); routes are matched without it.
     path, root = scope["path"], scope.get("root_path", "")
     return path[len(root):] or "/" if root and path.startswith(root) else path
