@@ -40,35 +40,42 @@ def _checks() -> list[Any]:
 def fuzz_schema(schema: Any, max_examples: int, headers: dict[str, str] | None = None,
                 seed: int = 1234) -> FuzzReport:
     """Run every operation of a loaded schemathesis schema (`schemathesis.openapi.from_asgi/from_url`)."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as fixed_seed
     from hypothesis.errors import Unsatisfiable
     from schemathesis import GenerationMode
 
     report = FuzzReport()
-    checks = _checks()
     for result in schema.get_all_operations():
-        operation = result.ok()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-
-            @fixed_seed(seed)
-            @settings(max_examples=max_examples, database=None, deadline=None, phases=[Phase.generate],
-                      suppress_health_check=list(HealthCheck))
-            @given(case=operation.as_strategy(generation_mode=mode))
-            def one(case: Any) -> None:
-                report.cases += 1
-                try:
-                    case.call_and_validate(headers=headers, checks=checks)
-                # schemathesis raises a group of check failures (a BaseExceptionGroup), or one failure; a
-                # transport error is a failure too. Each is counted and the run goes on.
-                except (Exception, BaseExceptionGroup) as exc:
-                    report.failures.append(f"{operation.label} [{mode.value}]: {_describe(exc)}")
-
             try:
-                one()
+                _fuzz_operation(result.ok(), mode, max_examples, headers, seed, report)
             except Unsatisfiable:
                 pass  # nothing to break in an operation without parameters or body (GET /v1/models)
     return report
+
+
+def _fuzz_operation(operation: Any, mode: Any, max_examples: int, headers: dict[str, str] | None, seed: int,
+                    report: FuzzReport) -> None:
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as fixed_seed
+
+    checks = _checks()
+
+    @fixed_seed(seed)
+    @settings(max_examples=max_examples, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def one(case: Any) -> None:
+        report.cases += 1
+        try:
+            case.call_and_validate(headers=headers, checks=checks)
+        # schemathesis raises a group of check failures (a BaseExceptionGroup), or one failure; a transport
+        # error is a failure too. Each is counted and the run goes on.
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not hasattr(exc, "exceptions"):
+                raise  # KeyboardInterrupt, SystemExit
+            report.failures.append(f"{operation.label} [{mode.value}]: {_describe(exc)}")
+
+    one()
 
 
 def run_fuzz(base_url: str, max_examples: int, api_key: str | None = None) -> tuple[int, int]:
@@ -87,7 +94,7 @@ def run_fuzz(base_url: str, max_examples: int, api_key: str | None = None) -> tu
 
 def _describe(exc: BaseException) -> str:
     """One line per failure: its title and the first lines of its message."""
-    parts = exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,)
+    parts = getattr(exc, "exceptions", None) or (exc,)
     out = []
     for part in parts:
         title = getattr(part, "title", type(part).__name__)

@@ -209,32 +209,37 @@ class Lifecycle:
 
     async def _attempts(self, work: Callable[[Batch], Awaitable[Response]]) -> Response:
         """`work` on a fresh batch, again while its worker was lost and the retry budget lasts, all within the
-        request's deadline."""
+        request's deadline (then DeadlineExceeded, once the work has unwound and closed its batch)."""
         timeout_s = self._settings.request_timeout_s
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        budget = RetryBudget(self._settings.retry_deadline_s)
-        timer = asyncio.timeout(timeout_s)
+        task = asyncio.ensure_future(self._retried(work, deadline))
         try:
-            async with timer:
-                while True:
-                    batch = Batch(self._backend, self._settings, deadline)
-                    try:
-                        return await work(batch)
-                    except WorkerLost as exc:
-                        if (wait := budget.next_wait()) is None:
-                            raise
-                        self._retries()
-                        logger.info("worker lost before any byte was sent; attempt %d in %.2f s (%s)",
-                                    budget.attempts + 1, wait, exc.message)
-                    finally:
-                        # Also runs when Ray Serve cancels this handler because the client went away.
-                        if not batch.handed_off:
-                            await batch.aclose()
-                    await asyncio.sleep(wait)
-        except TimeoutError:
-            if timer.expired():
-                raise DeadlineExceeded(DEADLINE.format(seconds=timeout_s)) from None
-            raise
+            done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        finally:
+            if not task.done():  # the deadline passed, or we were cancelled (the client left)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if not done:
+            raise DeadlineExceeded(DEADLINE.format(seconds=timeout_s))
+        return task.result()
+
+    async def _retried(self, work: Callable[[Batch], Awaitable[Response]], deadline: float | None) -> Response:
+        budget = RetryBudget(self._settings.retry_deadline_s)
+        while True:
+            batch = Batch(self._backend, self._settings, deadline)
+            try:
+                return await work(batch)
+            except WorkerLost as exc:
+                if (wait := budget.next_wait()) is None:
+                    raise
+                self._retries()
+                logger.info("worker lost before any byte was sent; attempt %d in %.2f s (%s)",
+                            budget.attempts + 1, wait, exc.message)
+            finally:
+                # Also runs when Ray Serve cancels this handler because the client went away.
+                if not batch.handed_off:
+                    await batch.aclose()
+            await asyncio.sleep(wait)
 
     def answer(self, exc: IngressError) -> Response:
         if isinstance(exc, ClientGone):

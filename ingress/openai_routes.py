@@ -39,8 +39,8 @@ from ingress.openai_schemas import (
 from ingress.openai_validation import check_model
 from ingress.openapi import error_responses
 from ingress.retry import RetryCounter
-from ingress.settings import IngressSettings
 from ingress.rules import TOKEN_OUT_OF_RANGE
+from ingress.settings import IngressSettings
 from workers.protocol import TokenizerInfo
 
 
