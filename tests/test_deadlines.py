@@ -71,13 +71,13 @@ def test_deadline_on_real_workers_frees_the_kv_cache(serve_url: str) -> None:
     app, url = "deadline", serve_url + "/deadline"
     deploy(app, "/deadline", app_args(num_workers=1, request_timeout_s=2.0))
     try:
-        body = {"prompt": "Count to a thousand:", "max_tokens": 3000, "ignore_eos": True}
+        body = {"prompt": "Count to a thousand:", "max_tokens": 2000, "ignore_eos": True}
         t0 = time.monotonic()
         r = httpx.post(url + "/generate", json=body, timeout=60)
         assert r.status_code == 504, r.text
         assert "request_timeout_s" in r.json()["message"]
         assert time.monotonic() - t0 < 20
-        s = httpx.post(url + "/v1/completions", json={"prompt": "Count:", "max_tokens": 3000, "ignore_eos": True,
+        s = httpx.post(url + "/v1/completions", json={"prompt": "Count:", "max_tokens": 2000, "ignore_eos": True,
                                                       "stream": True}, timeout=60)
         events = sse_events(s)
         assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 504, events[-3:]
