@@ -140,7 +140,8 @@ async def test_score_ids(apply_softmax):
     assert resp.status_code == 200, resp.text
     answer = resp.json()
     assert answer["object"] == "scoring" and answer["model"] == "tiny"
-    assert answer["scores"] == pytest.approx([expected(3, [7, 9], apply_softmax), expected(5, [7, 9], apply_softmax)])
+    want = [expected(3, [7, 9], apply_softmax), expected(5, [7, 9], apply_softmax)]
+    assert answer["scores"] == [pytest.approx(row, abs=1e-12) for row in want]
     assert answer["usage"] == {"prompt_tokens": 8, "completion_tokens": 0, "total_tokens": 8}
     # One scoring-only request per (item, label): query+item+[label], its one row after query+item.
     sent = [(r.input_ids, r.params.logprob_start_len, r.params.max_tokens) for r in backend.requests]
@@ -152,7 +153,7 @@ async def test_score_text_and_item_first():
     backend = Backend()
     body = {"query": "AB", "items": ["C", "DE"], "label_token_ids": [5], "item_first": True}
     answer = (await score(body, backend)).json()
-    assert answer["scores"] == pytest.approx([expected(3, [5], False), expected(4, [5], False)])
+    assert answer["scores"] == [expected(3, [5], False), expected(4, [5], False)]
     # Texts are joined, then tokenized: item first.
     assert [r.input_ids for r in backend.requests] == [[35, 33, 34, 5], [36, 37, 33, 34, 5]]
 
