@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
 
 from ingress.app import build_fastapi_app
