@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -22,6 +22,8 @@ from ingress.errors import (
     worker_failed,
 )
 from ingress.openai_routes import openai_router
+from ingress.request_id import RequestIdMiddleware
+from ingress.request_record import RecordingBackend, RequestRecord
 from ingress.responses import chunk_json
 from ingress.schemas import ErrorBody, GenerateBody, GenerateResponse, HealthBody
 from ingress.streaming import SSEResponse, sse_events
@@ -104,14 +106,17 @@ async def _on_validation_error(request: Request, exc: Exception) -> Response:
     return JSONAnswer({"detail": jsonable_encoder(exc.errors())}, status_code=422)
 
 
-def build_fastapi_app(backend: Backend) -> FastAPI:
-    """The ingress app over `backend`; OpenAPI at /docs and /openapi.json."""
+def build_fastapi_app(backend: Backend, on_request: Callable[[RequestRecord], None] | None = None) -> FastAPI:
+    """The ingress app over `backend`; OpenAPI at /docs and /openapi.json. Every request gets an id and an
+    access-log line (request_id.py); `on_request` sees each finished request's record (the metrics)."""
+    backend = RecordingBackend(backend)
     app = FastAPI(
         title="rayscore",
         summary="Exact input-token scoring and generation for a causal LM.",
         version="0.1.0",
     )
     app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_middleware(RequestIdMiddleware, on_finish=on_request)
     routes = GenerateRoutes(backend)
     app.add_api_route(
         "/generate",

@@ -35,6 +35,7 @@ from ingress.openai_validation import (
     to_request,
     validate_completion,
 )
+from ingress.request_record import current_request_id
 from ingress.responses import SSE_DONE
 from ingress.streaming import SSEResponse
 from workers.protocol import FinishInfo, GenerateChunk, merge_chunks
@@ -99,7 +100,7 @@ class CompletionRoutes:
             logger.warning("worker failed before the completion started", exc_info=exc)
             return server_error(worker_failed(exc))
 
-        cid = f"cmpl-{uuid.uuid4().hex}"
+        cid = f"cmpl-{current_request_id() or uuid.uuid4().hex}"
         head = (cid, int(time.time()), info.model_name)
         choices = [ChoiceBuilder(i, ids, item if isinstance(item, str) else "", settings.echo, settings.logprobs)
                    for i, (item, ids) in enumerate(zip(items, ids_list, strict=True))]

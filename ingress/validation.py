@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 
 from ingress.errors import RequestError
+from ingress.request_record import current_request_id
 from ingress.schemas import GenerateBody
 from workers.protocol import GenerateRequest, ModelInfo
 
@@ -121,10 +122,11 @@ def _check_sampling(body: GenerateBody, info: ModelInfo) -> None:
 
 
 def to_request(body: GenerateBody) -> GenerateRequest:
-    """The worker's carrier for a validated body; a request id is made when the client sent none."""
+    """The worker's carrier for a validated body; the request id is the body's `rid`, else the HTTP request's
+    (X-Request-ID or made by the middleware), else a new one."""
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return GenerateRequest(
-        rid=body.rid or uuid.uuid4().hex,
+        rid=body.rid or current_request_id() or uuid.uuid4().hex,
         input_ids=list(body.input_ids) if body.input_ids is not None else None,
         prompt=body.prompt,
         max_tokens=body.max_tokens,
