@@ -55,7 +55,7 @@ def stored_rows(sched: SchedulerOutput) -> int:
     n = 0
     for chunk in sched.chunks:
         seq = chunk.seq
-        if seq.input_token_logprobs is None:
+        if not seq.params.scores_input:
             continue
         hi = min(seq.last_score_position, chunk.start + chunk.num_tokens - 1, chunk.start - 1)
         n += max(0, hi - seq.next_score_position + 1)
