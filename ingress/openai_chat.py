@@ -32,6 +32,7 @@ from ingress.openai_validation import (
     include_usage,
     sampling_params,
 )
+from ingress.request_record import current_request_id
 from ingress.streaming import sse_data
 from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 
@@ -113,7 +114,7 @@ class ChatRoutes:
         max_tokens = settings.max_tokens_for(len(prompt.ids), info)
         check_prompt(None, prompt.ids, max_tokens, info, param="messages")
 
-        cid = f"chatcmpl-{uuid.uuid4().hex}"
+        cid = f"chatcmpl-{current_request_id() or uuid.uuid4().hex}"
         head = (cid, int(time.time()), info.model_name)
         batch.open([GenerateRequest(rid=cid, input_ids=prompt.ids,
                                     params=replace(settings.params, max_tokens=max_tokens))])

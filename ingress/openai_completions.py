@@ -29,6 +29,7 @@ from ingress.openai_validation import (
     prompt_request,
     validate_completion,
 )
+from ingress.request_record import current_request_id
 from ingress.streaming import sse_data
 from workers.protocol import GenerateChunk
 
@@ -53,7 +54,7 @@ class CompletionRoutes:
         for i, ids in enumerate(ids_list):
             check_prompt(i if len(items) > 1 else None, ids, settings.params.max_tokens, info)
 
-        cid = f"cmpl-{uuid.uuid4().hex}"
+        cid = f"cmpl-{current_request_id() or uuid.uuid4().hex}"
         head = (cid, int(time.time()), info.model_name)
         choices = [ChoiceBuilder(i, ids, item if isinstance(item, str) else "", settings.echo, settings.logprobs)
                    for i, (item, ids) in enumerate(zip(items, ids_list, strict=True))]

@@ -28,6 +28,7 @@ from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
 from ingress.openai_schemas import STRICT_BODY, Usage
 from ingress.openai_validation import check_model
+from ingress.request_record import current_request_id
 from ingress.rules import TOKEN_OUT_OF_RANGE
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 
@@ -126,7 +127,7 @@ class ScoreRoutes:
         for i, ids in enumerate(prompts):
             check_prompt_len(i, ids, info)
         labels = body.label_token_ids or []
-        sid = f"score-{uuid.uuid4().hex}"
+        sid = f"score-{current_request_id() or uuid.uuid4().hex}"
         batch.open([label_request(f"{sid}-{i}-{j}", ids, t)
                     for i, ids in enumerate(prompts) for j, t in enumerate(labels)])
         await batch.firsts()

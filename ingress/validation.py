@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 
 from ingress.errors import InvalidRequest
+from ingress.request_record import current_request_id
 from ingress.rules import CONTEXT_TOO_LONG, MAX_TOKENS_NEGATIVE, TOKEN_OUT_OF_RANGE, check_sampling
 from ingress.schemas import GenerateBody
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
@@ -76,7 +77,9 @@ def split_batch(body: GenerateBody) -> list[GenerateBody] | None:
         return None
     if not items:
         raise InvalidRequest("The prompt must not be an empty list")
-    rids = body.rid if body.rid is not None else [uuid.uuid4().hex for _ in items]
+    # Without the client's ids, item i's is the HTTP request's id (or a new one) with `-i`: one per worker request.
+    base = current_request_id() or uuid.uuid4().hex
+    rids = body.rid if body.rid is not None else [f"{base}-{i}" for i in range(len(items))]
     if not isinstance(rids, list) or len(rids) != len(items):
         raise InvalidRequest(f"The rid of a batch must be a list of {len(items)} strings, one per item.")
     other = "input_ids" if key == "prompt" else "prompt"
@@ -128,10 +131,11 @@ def sampling_params(body: GenerateBody) -> SamplingParams:
 
 
 def to_request(body: GenerateBody) -> GenerateRequest:
-    """The worker's carrier for a validated body; a request id is made when the client sent none."""
+    """The worker's carrier for a validated body; the request id is the body's `rid`, else the HTTP request's
+    (X-Request-ID or made by the middleware), else a new one."""
     assert not isinstance(body.rid, list), "a batch is split into single bodies first"
     return GenerateRequest(
-        rid=body.rid or uuid.uuid4().hex,
+        rid=body.rid or current_request_id() or uuid.uuid4().hex,
         input_ids=list(body.input_ids) if body.input_ids is not None else None,
         prompt=body.prompt,
         params=sampling_params(body),

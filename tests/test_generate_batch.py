@@ -51,6 +51,11 @@ async def test_batch_of_text_prompts_and_rids():
     assert [(r.prompt, r.input_ids, r.rid) for r in backend.requests] == [("a", None, "x"), ("b", None, "y")]
 
 
+async def test_batch_items_take_the_request_id_with_their_position():
+    resp = await post(FakeBackend(), {"input_ids": [[1], [2]], "max_tokens": 1}, headers={"X-Request-ID": "abc"})
+    assert [a["meta_info"]["id"] for a in resp.json()] == ["abc-0", "abc-1"]
+
+
 async def test_batch_of_one_is_a_list():
     resp = await post(FakeBackend(), {"input_ids": [[5]], "max_tokens": 1})
     assert isinstance(resp.json(), list) and len(resp.json()) == 1

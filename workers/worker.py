@@ -15,6 +15,7 @@ from ray import serve
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from workers.convert import to_chunk
+from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats, replica_label
 from workers.protocol import (
     ChatPrompt,
     GenerateChunk,
@@ -42,6 +43,8 @@ class EngineWorker:
         self.info = ModelInfo(model_name=model_name or cfg.model, vocab_size=eng.vocab_size,
                               max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode)
         self.tokenizer = eng.tokenizer
+        self.metrics = WorkerMetrics(self.info.model_name, replica_label())
+        self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
         log.info("rayscore worker ready: model=%s device=%s dtype=%s kv_blocks=%d pid=%d CUDA_VISIBLE_DEVICES=%s",
                  cfg.model, eng.device, cfg.dtype, eng.kv.pool.num_blocks, os.getpid(),
                  os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -55,8 +58,10 @@ class EngineWorker:
                 return
         # aclosing: when Serve cancels this call (client gone), the engine stream is closed at once, which
         # aborts the request and frees its KV blocks.
-        async with contextlib.aclosing(self.engine.generate(req.rid, ids, req.params)) as stream:
+        params = req.params
+        async with contextlib.aclosing(self.engine.generate(req.rid, ids, params)) as stream:
             async for out in stream:
+                self.metrics.on_output(params, out)
                 yield to_chunk(out)
 
     async def model_info(self) -> ModelInfo:
@@ -109,6 +114,10 @@ class EngineWorker:
                            prefix_cache_query_tokens=s["prefix_cache_query_tokens"],
                            prefix_cache_evictions=s["prefix_cache_evictions"], device=str(self.engine.engine.device),
                            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics hook: this worker's token load (workers/autoscaling.py)."""
+        return autoscaling_stats(self.engine.stats())
 
     def check_health(self) -> None:
         # Serve replaces a replica whose health check raises: do so when the engine loop has died.
