@@ -31,7 +31,8 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
         ray_actor_options={"num_cpus": cfg.worker_num_cpus, "num_gpus": cfg.worker_num_gpus},
         max_ongoing_requests=cfg.worker_max_ongoing_requests,
         # Loading (or converting) the model takes a while on first start.
-        health_check_period_s=5, health_check_timeout_s=30, graceful_shutdown_timeout_s=5,
+        health_check_period_s=5, health_check_timeout_s=30,
+        graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
         **_routing(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
     ).bind(cfg.engine_config(), cfg.model_name)
     return Ingress.options(

@@ -48,6 +48,9 @@ class AppConfig(EngineFields):  # type: ignore[misc,valid-type]
     worker_num_gpus: float = Field(0.0, ge=0, description="GPUs per worker replica (1 on a GPU cluster).")
     worker_max_ongoing_requests: int = Field(64, gt=0, description="Requests Serve sends one worker at once; "
                                              "the engine batches them.")
+    worker_graceful_shutdown_timeout_s: float = Field(5.0, ge=0, description="How long a worker that Serve removes "
+                                                      "(scale-down, redeploy) may finish its running requests "
+                                                      "before it is killed.")
 
     prefix_aware_routing: bool = Field(False, description="Send each input_ids request to the worker that was sent "
                                        "the longest prefix of it (workers/router.py); else Serve's power of two.")

@@ -22,6 +22,7 @@ from ray.util.metrics import Counter
 from ingress.app import build_fastapi_app
 from ingress.auth import check_exposure, resolve_keys
 from ingress.backend import HandleBackend
+from ingress.metrics import IngressMetrics, replica_label
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
 
@@ -63,7 +64,8 @@ class Ingress:
         logger.info("rayscore ingress: %d API key(s), %s", len(keys), self._settings)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_fastapi_app(self._backend, self._settings, self._retries)
+        return build_fastapi_app(self._backend, self._settings, self._retries,
+                                 on_request=IngressMetrics(replica_label()).observe)
 
     async def stats(self) -> dict[str, int]:
         """This replica's counters (handle method; HTTP routes are the app's)."""

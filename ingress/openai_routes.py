@@ -3,6 +3,8 @@
 
 - POST /v1/completions (openai_completions.py): legacy completions; `echo` + `logprobs` returns the
   prompt's logprobs (exact, from the engine's scoring path) and then the completion's.
+- POST /v1/chat/completions (openai_chat.py): chat completions over the tokenizer's chat template.
+- POST /v1/score (openai_score.py): SGLang's label-token scoring of query+item pairs.
 - GET /v1/models; POST /tokenize, POST /detokenize, GET /tokenizer_info (vLLM's shapes: lm-eval's remote
   tokenizer uses them).
 Every error has OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 for a value the
@@ -25,6 +27,8 @@ from starlette.responses import Response
 from ingress.backend import Backend
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Lifecycle
+from ingress.openai_chat import ChatRoutes
+from ingress.openai_chat_schemas import ChatResponse
 from ingress.openai_completions import CompletionRoutes
 from ingress.openai_format import error_json
 from ingress.openai_schemas import (
@@ -36,6 +40,7 @@ from ingress.openai_schemas import (
     TokenizeBody,
     TokenizeResponse,
 )
+from ingress.openai_score import ScoreResponse, ScoreRoutes
 from ingress.openai_validation import check_model
 from ingress.openapi import error_responses
 from ingress.retry import RetryCounter
@@ -117,18 +122,34 @@ class TokenizerRoutes:
         return await self._lifecycle.run(request, work)
 
 
-def openai_router(backend: Backend, settings: IngressSettings, retries: RetryCounter) -> APIRouter:
+# Routes that run the model: every error of a body, 404 for another model's name, 500 when the engine fails first.
+_MODEL_ERRORS = error_responses(OpenAIErrorBody, body=True, generates=True, names_model=True)
+
+
+def openai_router(backend: Backend, settings: IngressSettings | None = None,
+                  retries: RetryCounter | None = None) -> APIRouter:
     """The OpenAI-compatible routes over `backend`, for `app.include_router`."""
     lifecycle = Lifecycle(backend, error_json, settings, retries)
     completions = CompletionRoutes(backend, lifecycle)
+    chat = ChatRoutes(backend, lifecycle)
+    score = ScoreRoutes(backend, lifecycle)
     routes = TokenizerRoutes(backend, lifecycle)
     router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI-compatible"])
+    streamed = "One JSON answer, or with `stream` OpenAI chunks ending in [DONE]."
     router.add_api_route(
         "/v1/completions", completions.completions, methods=["POST"], response_model=None,
         summary="OpenAI legacy completions; echo + logprobs scores the prompt",
-        responses={200: {"model": CompletionResponse, "content": {"text/event-stream": {}},
-                         "description": "One JSON answer, or with `stream` OpenAI chunks ending in [DONE]."},
-                   **error_responses(OpenAIErrorBody, body=True, generates=True, names_model=True)})
+        responses={200: {"model": CompletionResponse, "content": {"text/event-stream": {}}, "description": streamed},
+                   **_MODEL_ERRORS})
+    router.add_api_route(
+        "/v1/chat/completions", chat.chat, methods=["POST"], response_model=None,
+        summary="OpenAI chat completions over the tokenizer's chat template, with logprobs",
+        responses={200: {"model": ChatResponse, "content": {"text/event-stream": {}}, "description": streamed},
+                   **_MODEL_ERRORS})
+    router.add_api_route(
+        "/v1/score", score.score, methods=["POST"], response_model=None,
+        summary="SGLang's scoring: the label tokens' next-token probabilities after each query+item",
+        responses={200: {"model": ScoreResponse}, **_MODEL_ERRORS})
     router.add_api_route("/v1/models", routes.models, methods=["GET"], response_model=None,
                          summary="The served model",
                          responses={200: {"model": ModelList}, **error_responses(OpenAIErrorBody)})

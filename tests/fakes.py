@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 import httpx
 
 from ingress.app import build_fastapi_app
-from workers.protocol import FinishInfo, GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo
+from workers.protocol import FinishInfo, GenerateChunk, GenerateRequest, ModelInfo
 
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=512, logprobs_mode="raw_logprobs")
 HANG = object()  # in a script: wait forever (a long prefill, a stuck worker)
@@ -92,21 +92,6 @@ class FakeBackend:
 
     async def ready(self) -> bool:
         return self.is_ready
-
-    # A tokenizer of one id per printable character (id = ord(c) - 32), for the OpenAI-compatible routes.
-    async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return ([99] if add_special_tokens else []) + [(ord(c) - 32) % INFO.vocab_size for c in text]
-
-    async def detokenize(self, ids: list[int]) -> str:
-        return "".join(chr(i + 32) for i in ids)
-
-    async def token_texts(self, ids: list[int]) -> list[str]:
-        return [chr(i + 32) for i in ids]
-
-    async def tokenizer_info(self) -> TokenizerInfo:
-        return TokenizerInfo(model_name=INFO.model_name, tokenizer_class="Fake", vocab_size=INFO.vocab_size,
-                             max_model_len=INFO.max_model_len, eos_token="~", eos_token_id=94, bos_token=None,
-                             bos_token_id=None, pad_token=None, pad_token_id=None, chat_template=None)
 
 
 def client(backend: FakeBackend) -> httpx.AsyncClient:

@@ -10,6 +10,7 @@ from ingress.app import build_fastapi_app
 from ingress.limits import logprob_entries
 from ingress.settings import IngressSettings
 from tests.fakes import FakeBackend
+from tests.openai_fakes import Backend as OpenAIBackend
 from workers.protocol import GenerateRequest, SamplingParams
 
 
@@ -76,7 +77,7 @@ async def test_generate_entries_over_the_limit_are_refused_at_the_boundary() -> 
 
 
 async def test_openai_limits_use_openai_error_body_and_sum_over_prompts() -> None:
-    backend = FakeBackend()
+    backend = OpenAIBackend()
     async with client(backend, max_top_logprobs=3, max_logprob_entries=40) as c:
         r = await c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 1, "logprobs": 4})
         openai_error(r, 400, "max_top_logprobs")
@@ -92,7 +93,7 @@ async def test_openai_limits_use_openai_error_body_and_sum_over_prompts() -> Non
 @pytest.mark.parametrize("path, check", [("/generate", contract_error), ("/v1/completions", openai_error),
                                          ("/tokenize", openai_error)])
 async def test_a_body_over_max_request_bytes_is_413_on_its_content_length(path, check) -> None:
-    backend = FakeBackend()
+    backend = OpenAIBackend()
     async with client(backend, max_request_bytes=100) as c:
         r = await c.post(path, content=b"x" * 101, headers={"content-type": "application/json"})
     check(r, 413, "max_request_bytes")

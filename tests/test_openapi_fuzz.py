@@ -1,4 +1,4 @@
-"""The OpenAPI document is honest: schemathesis (pinned) runs every route of the app over the fake backend,
+"""The OpenAPI document is honest: schemathesis (pinned) runs every route of the app over the fake backend (tests/openai_fakes.py: every route),
 in-process, with a fixed seed, and every answer is a documented status with its documented body and
 content type, never a 5xx. bench/fuzz.py is the same run against a live server (the reliability script)."""
 
@@ -9,7 +9,7 @@ import pytest
 from bench.fuzz import fuzz_schema
 from ingress.app import build_fastapi_app
 from ingress.settings import IngressSettings
-from tests.fakes import FakeBackend
+from tests.openai_fakes import Backend
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis needs Python 3.11")
 
@@ -18,7 +18,7 @@ KEY = "sk-fuzz"
 
 @pytest.mark.parametrize("keys", [(), (KEY,)], ids=["open", "keys"])
 def test_every_route_answers_as_documented(keys: tuple[str, ...]) -> None:
-    app = build_fastapi_app(FakeBackend(), IngressSettings(api_keys=keys, max_request_bytes=64 * 1024))
+    app = build_fastapi_app(Backend(), IngressSettings(api_keys=keys, max_request_bytes=64 * 1024))
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     report = fuzz_schema(schema, max_examples=25, headers={"Authorization": f"Bearer {KEY}"} if keys else None)
     assert report.cases >= 150
@@ -26,7 +26,7 @@ def test_every_route_answers_as_documented(keys: tuple[str, ...]) -> None:
 
 
 def test_without_the_key_every_route_but_health_is_a_documented_401() -> None:
-    app = build_fastapi_app(FakeBackend(), IngressSettings(api_keys=(KEY,)))
+    app = build_fastapi_app(Backend(), IngressSettings(api_keys=(KEY,)))
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     report = fuzz_schema(schema, max_examples=5)
     assert report.cases >= 30 and report.failures == []

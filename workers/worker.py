@@ -9,12 +9,15 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+from jinja2 import TemplateError
 from ray import serve
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from workers.convert import to_chunk
+from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats, replica_label
 from workers.protocol import (
+    ChatPrompt,
     GenerateChunk,
     GenerateRequest,
     ModelInfo,
@@ -29,7 +32,8 @@ log = logging.getLogger("ray.serve")
 class EngineWorker:
     """Serve deployment body (bound with options in deploy/app.py). Methods called through a handle:
     `generate` (stream=True), `model_info`, `stats`, and the tokenizer's `tokenize`, `detokenize`,
-    `token_texts`, `tokenizer_info` (for the OpenAI-compatible routes); Serve calls `check_health`."""
+    `token_texts`, `apply_chat_template`, `tokenizer_info` (for the OpenAI-compatible routes); Serve calls
+    `check_health`."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None) -> None:
         cfg = EngineConfig(**engine_config)
@@ -39,6 +43,8 @@ class EngineWorker:
         self.info = ModelInfo(model_name=model_name or cfg.model, vocab_size=eng.vocab_size,
                               max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode)
         self.tokenizer = eng.tokenizer
+        self.metrics = WorkerMetrics(self.info.model_name, replica_label())
+        self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
         log.info("rayscore worker ready: model=%s device=%s dtype=%s kv_blocks=%d pid=%d CUDA_VISIBLE_DEVICES=%s",
                  cfg.model, eng.device, cfg.dtype, eng.kv.pool.num_blocks, os.getpid(),
                  os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -52,8 +58,10 @@ class EngineWorker:
                 return
         # aclosing: when Serve cancels this call (client gone), the engine stream is closed at once, which
         # aborts the request and frees its KV blocks.
-        async with contextlib.aclosing(self.engine.generate(req.rid, ids, req.params)) as stream:
+        params = req.params
+        async with contextlib.aclosing(self.engine.generate(req.rid, ids, params)) as stream:
             async for out in stream:
+                self.metrics.on_output(params, out)
                 yield to_chunk(out)
 
     async def model_info(self) -> ModelInfo:
@@ -70,6 +78,18 @@ class EngineWorker:
     async def token_texts(self, ids: list[int]) -> list[str]:
         """Each id decoded alone, special tokens included: OpenAI's per-token strings (`logprobs.tokens`)."""
         return self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)
+
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> ChatPrompt:
+        """`messages` ({role, content} with text content) under the tokenizer's chat template, ending with the
+        assistant turn's opening (add_generation_prompt), tokenized as `generate` tokenizes a text prompt: the
+        template writes the special tokens itself."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            return ChatPrompt([], error="The served model's tokenizer has no chat template.")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError as exc:  # the template's own raise_exception (roles it does not accept, ...)
+            return ChatPrompt([], error=f"The chat template rejected the messages: {exc}")
+        return ChatPrompt(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def tokenizer_info(self) -> TokenizerInfo:
         tok = self.tokenizer
@@ -94,6 +114,10 @@ class EngineWorker:
                            prefix_cache_query_tokens=s["prefix_cache_query_tokens"],
                            prefix_cache_evictions=s["prefix_cache_evictions"], device=str(self.engine.engine.device),
                            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics hook: this worker's token load (workers/autoscaling.py)."""
+        return autoscaling_stats(self.engine.stats())
 
     def check_health(self) -> None:
         # Serve replaces a replica whose health check raises: do so when the engine loop has died.
