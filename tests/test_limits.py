@@ -126,3 +126,15 @@ async def test_a_body_at_the_limit_is_served() -> None:
     async with client(backend, max_request_bytes=len(body)) as c:
         r = await c.post("/generate", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
+
+
+async def test_a_generate_batch_sums_its_items_entries() -> None:
+    backend = FakeBackend()
+    item = {"max_tokens": 0, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1}
+    async with client(backend, max_logprob_entries=20) as c:  # each item: 5 rows x 2 = 10 entries
+        ok = await c.post("/generate", json={**item, "input_ids": [[1, 2, 3, 4, 5, 6]] * 2})
+        assert ok.status_code == 200, ok.text
+        r = await c.post("/generate", json={**item, "input_ids": [[1, 2, 3, 4, 5, 6]] * 3})
+    contract_error(r, 400, "max_logprob_entries")
+    assert "30" in r.json()["message"]
+    assert len(backend.requests) == 2
