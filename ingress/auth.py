@@ -8,11 +8,13 @@ this module ever holds a key or the header's value.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import ipaddress
 from collections.abc import Iterable, Mapping
 
 from ingress.errors import Unauthorized
+from ingress.settings import IngressSettings
 
 ENV_VAR = "RAYSCORE_API_KEYS"
 MISSING = "This server requires an API key: send `Authorization: Bearer <key>`."
@@ -67,3 +69,12 @@ def check_exposure(host: str | None, keys: tuple[str, ...], allow_unauthenticate
         f"rayscore refuses to start: the server {where}, which other machines can reach, and has no API key. "
         f"Set `api_keys` in the app's args or the environment variable {ENV_VAR} (comma-separated), or declare "
         "`allow_unauthenticated: true` in the app's args to serve without authentication on purpose.")
+
+
+def with_keys(settings: IngressSettings, environ: Mapping[str, str], host: str | None,
+              allow_unauthenticated: bool) -> IngressSettings:
+    """`settings` with the environment's keys added, once the exposure rule allows serving at all (raises
+    RuntimeError otherwise). Run where the ingress runs: the keys of its environment stay in its process."""
+    keys = resolve_keys(settings.api_keys, environ)
+    check_exposure(host, keys, allow_unauthenticated)
+    return dataclasses.replace(settings, api_keys=keys)

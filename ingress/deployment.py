@@ -10,7 +10,6 @@ Handle method: `stats()` -> {"retries": requests run again after their worker wa
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 
@@ -20,7 +19,7 @@ from ray.serve.handle import DeploymentHandle
 from ray.util.metrics import Counter
 
 from ingress.app import build_fastapi_app
-from ingress.auth import check_exposure, resolve_keys
+from ingress.auth import with_keys
 from ingress.backend import HandleBackend
 from ingress.metrics import IngressMetrics, replica_label
 from ingress.retry import RetryCounter
@@ -51,17 +50,14 @@ def serve_http_host() -> str | None:
 class Ingress:
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
                  settings: IngressSettings | None = None, allow_unauthenticated: bool = False) -> None:
-        settings = settings or IngressSettings()
         # Keys from $RAYSCORE_API_KEYS are read here, where the ingress runs, and never leave this process.
-        keys = resolve_keys(settings.api_keys, os.environ)
         # Raising here fails the deployment: a server reachable from other machines without keys never starts.
-        check_exposure(serve_http_host(), keys, allow_unauthenticated)
-        self._settings = dataclasses.replace(settings, api_keys=keys)
+        self._settings = with_keys(settings or IngressSettings(), os.environ, serve_http_host(), allow_unauthenticated)
         self._backend = HandleBackend(worker, ready_timeout_s=ready_timeout_s)
         metric = Counter("rayscore_retries_total",
                          description="Requests run again because their worker was lost before any byte was sent.")
         self._retries = RetryCounter(on_retry=metric.inc)
-        logger.info("rayscore ingress: %d API key(s), %s", len(keys), self._settings)
+        logger.info("rayscore ingress: %d API key(s), %s", len(self._settings.api_keys), self._settings)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_fastapi_app(self._backend, self._settings, self._retries,

@@ -13,7 +13,7 @@ import yaml
 
 from deploy.config import AppConfig
 from ingress.app import build_fastapi_app
-from ingress.auth import check_exposure, is_loopback, resolve_keys
+from ingress.auth import check_exposure, is_loopback, resolve_keys, with_keys
 from ingress.settings import IngressSettings
 from tests.fakes import SCORE, FakeBackend
 
@@ -113,3 +113,41 @@ def test_local_config_binds_loopback_and_cluster_config_needs_keys() -> None:
         check_exposure(cluster["http_options"]["host"], args.ingress_settings().api_keys, args.allow_unauthenticated)
     keys = resolve_keys(args.ingress_settings().api_keys, {"RAYSCORE_API_KEYS": KEY})
     check_exposure(cluster["http_options"]["host"], keys, args.allow_unauthenticated)
+
+
+# --- real Ray ------------------------------------------------------------------------------------------
+
+
+def test_the_bind_address_is_read_from_serve(serve_url: str) -> None:
+    from ingress.deployment import serve_http_host
+
+    assert serve_http_host() == "127.0.0.1"  # conftest starts Serve on 127.0.0.1
+
+
+def test_an_exposed_ingress_refuses_to_start_without_keys() -> None:
+    settings = IngressSettings()
+    with pytest.raises(RuntimeError, match="refuses to start"):
+        with_keys(settings, {}, "0.0.0.0", allow_unauthenticated=False)
+    assert with_keys(settings, {}, "0.0.0.0", allow_unauthenticated=True).api_keys == ()
+    assert with_keys(settings, {"RAYSCORE_API_KEYS": KEY}, "0.0.0.0", allow_unauthenticated=False).api_keys == (KEY,)
+    assert with_keys(settings, {}, "127.0.0.1", allow_unauthenticated=False).api_keys == ()
+
+
+def test_keys_on_the_served_app(serve_url: str) -> None:
+    from ray import serve
+
+    from tests.serve_helpers import app_args, deploy
+
+    app, url = "auth", serve_url + "/auth"
+    deploy(app, "/auth", app_args(num_workers=1, api_keys=[KEY]))
+    try:
+        body = {"input_ids": [1, 2, 3, 4], "max_tokens": 0, "return_logprob": True, "logprob_start_len": 0}
+        r = httpx.post(url + "/generate", json=body, timeout=60)
+        assert r.status_code == 401 and r.json()["type"] == "authentication_error" and KEY not in r.text
+        assert httpx.post(url + "/generate", json=body, headers=bearer(KEY), timeout=60).status_code == 200
+        o = httpx.get(url + "/v1/models", timeout=60)
+        assert o.status_code == 401 and o.json()["error"]["code"] == 401
+        assert httpx.get(url + "/v1/models", headers=bearer(KEY), timeout=60).status_code == 200
+        assert httpx.get(url + "/health", timeout=60).status_code == 200
+    finally:
+        serve.delete(app)
