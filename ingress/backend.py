@@ -7,9 +7,10 @@ one real implementation, over the worker deployment's handle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ingress.errors import Overloaded, WorkerLost, worker_failed
 from workers.protocol import ChatPrompt, GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo
@@ -18,7 +19,6 @@ if TYPE_CHECKING:  # Ray is only needed once a handle exists; tests of the route
     from ray.serve.handle import DeploymentHandle
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class Backend(Protocol):
@@ -77,13 +77,16 @@ class HandleBackend:
 
     async def model_info(self) -> ModelInfo:
         if self._info is None:
-            self._info = await _call(self._worker.model_info.remote())
+            self._info = await _call(self._worker.model_info)
         return self._info
 
     async def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
-        response = self._stream_worker.generate.remote(req)
+        response = None
         finished = False
         try:
+            # Inside the try: Serve's router may refuse the call right here (BackPressureError), not only on
+            # the first read.
+            response = self._stream_worker.generate.remote(req)
             async for chunk in response:
                 finished = chunk.finished
                 yield chunk
@@ -93,24 +96,27 @@ class HandleBackend:
             # Reached by aclose(), by cancellation of the consuming task (client gone) and by errors.
             # Cancelling the response cancels the replica's `generate` task: the worker sees
             # asyncio.CancelledError at its current await and aborts the request in the engine.
-            if not finished:
-                response.cancel()
+            if not finished and response is not None:
+                # A call Serve refused, or whose replica died, has nothing left to cancel: its cancel() fetches
+                # the routing result and re-raises that error, which must not replace the one raised above.
+                with contextlib.suppress(Exception):
+                    response.cancel()
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return await _call(self._worker.tokenize.remote(text, add_special_tokens))
+        return await _call(self._worker.tokenize, text, add_special_tokens)
 
     async def detokenize(self, ids: list[int]) -> str:
-        return await _call(self._worker.detokenize.remote(ids))
+        return await _call(self._worker.detokenize, ids)
 
     async def token_texts(self, ids: list[int]) -> list[str]:
-        return await _call(self._worker.token_texts.remote(ids))
+        return await _call(self._worker.token_texts, ids)
 
     async def apply_chat_template(self, messages: list[dict[str, str]]) -> ChatPrompt:
-        return await _call(self._worker.apply_chat_template.remote(messages))
+        return await _call(self._worker.apply_chat_template, messages)
 
     async def tokenizer_info(self) -> TokenizerInfo:
         if self._tokenizer_info is None:
-            self._tokenizer_info = await _call(self._worker.tokenizer_info.remote())
+            self._tokenizer_info = await _call(self._worker.tokenizer_info)
         return self._tokenizer_info
 
     async def ready(self) -> bool:
@@ -119,7 +125,8 @@ class HandleBackend:
             await asyncio.wait_for(_await(response), timeout=self._ready_timeout_s)
             return True
         except Exception as exc:  # a dead, missing or busy worker all mean "not ready"
-            response.cancel()
+            with contextlib.suppress(Exception):
+                response.cancel()
             logger.info("worker not ready: %s", type(exc).__name__)
             return False
 
@@ -143,9 +150,10 @@ def _translated(exc: Exception) -> Exception:
     return exc
 
 
-async def _call(response: Awaitable[T]) -> T:
+async def _call(method: Any, *args: Any) -> Any:
+    """`method.remote(*args)`'s answer, Ray's errors translated (Serve may refuse at `.remote()` already)."""
     try:
-        return await response
+        return await method.remote(*args)
     except Exception as exc:
         raise _translated(exc) from exc
 

@@ -22,7 +22,7 @@ from ingress.errors import Overloaded, WorkerLost
 from ingress.retry import RetryBudget, RetryCounter
 from ingress.settings import IngressSettings
 from tests.conftest import hf_scores
-from tests.fakes import SCORE, FakeBackend, FakeHandle, fake_model
+from tests.fakes import SCORE, FakeBackend, FakeHandle, FakeMethod, FakeResponse, fake_model
 from tests.serve_helpers import app_args, deploy, ids_of, score_body, sse_events, worker_stats
 from workers.protocol import FinishInfo, GenerateChunk, GenerateRequest
 
@@ -157,6 +157,32 @@ async def test_handle_backend_maps_ray_errors() -> None:
         handle.model_info = type(handle.generate)([exc])
         with pytest.raises(kind):
             await backend.model_info()
+
+    class Refused(FakeResponse):  # as Serve's: cancel() fetches the routing result and re-raises its error
+        def cancel(self) -> None:
+            raise BackPressureError(num_queued_requests=1, max_queued_requests=1)
+
+    class RefusingMethod(FakeMethod):
+        def remote(self, *args: object) -> FakeResponse:
+            return Refused([BackPressureError(num_queued_requests=1, max_queued_requests=1)])
+
+    handle = FakeHandle()
+    handle.options(stream=True).generate = RefusingMethod([])
+    with pytest.raises(Overloaded):
+        await anext(HandleBackend(handle).stream(GenerateRequest("r", input_ids=[1, 2])))  # type: ignore[arg-type]
+
+    class RefusesAtOnce:  # Serve's router may raise from `.remote()` itself
+        def remote(self, *args: object) -> None:
+            raise BackPressureError(num_queued_requests=1, max_queued_requests=1)
+
+    handle = FakeHandle()
+    handle.options(stream=True).generate = RefusesAtOnce()
+    handle.tokenize = RefusesAtOnce()
+    backend = HandleBackend(handle)  # type: ignore[arg-type]
+    with pytest.raises(Overloaded):
+        await anext(backend.stream(GenerateRequest("r", input_ids=[1, 2])))
+    with pytest.raises(Overloaded):
+        await backend.tokenize("x")
 
 
 # --- real Ray: SIGKILL a worker under load -----------------------------------------------------------
