@@ -39,6 +39,25 @@ class AppConfig(BaseModel):
     cache_dir: str | None = Field(None, description="Where the default model is converted; default: the user's "
                                   "cache dir or $RAYSCORE_CACHE_DIR.")
 
+    # --- self-protection (issue 13; figures from bench/limits.py and bench/reliability.py) ------------
+    max_top_logprobs: int = Field(100, ge=0, description="Largest top_logprobs_num (and OpenAI logprobs) a request "
+                                  "may ask; the ingress answers 400 above it, the engine refuses it too.")
+    max_logprob_entries: int = Field(204800, gt=0, description="Most [value, token_id] entries one answer may hold: "
+                                     "rows x (1 + top-k). Bounds one request's time, worker memory and bytes.")
+    max_request_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest HTTP request body, bytes; the "
+                                   "ingress answers 413 above it.")
+    max_queued_requests: int = Field(64, gt=0, description="Requests a worker holds that have not started; one "
+                                     "more is refused at once (503 + Retry-After).")
+    max_queued_tokens: int = Field(32768, gt=0, description="Prompt tokens of the requests a worker holds that "
+                                   "have not started (an empty queue takes any prompt); beyond it: 503.")
+    stuck_engine_timeout_s: float = Field(120.0, gt=0, description="The worker's health check fails (Serve "
+                                          "replaces it) when it has work and no engine step finished for this long.")
+    worker_max_queued_requests: int = Field(128, description="Serve's max_queued_requests for the workers: requests "
+                                            "one ingress replica holds for lack of a worker slot; beyond it the "
+                                            "handle raises BackPressureError at once (503). -1: unbounded.")
+    graceful_shutdown_timeout_s: float = Field(60.0, ge=0, description="On scale-down, redeploy or shutdown, how "
+                                               "long a replica keeps serving its in-flight requests (no new ones).")
+
     # --- workers ---------------------------------------------------------------------------------
     num_workers: int = Field(1, gt=0, description="Worker replicas when not autoscaling.")
     worker_autoscaling: dict[str, Any] | None = Field(None, description="Serve autoscaling_config for workers "
@@ -72,4 +91,7 @@ class AppConfig(BaseModel):
                     max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs,
                     score_rows_per_block=self.score_rows_per_block, logprobs_mode=self.logprobs_mode,
                     enable_prefix_cache=self.enable_prefix_cache, hidden_state_store=self.hidden_state_store,
-                    max_model_len=self.max_model_len, num_threads=threads, cache_dir=self.cache_dir)
+                    max_model_len=self.max_model_len, num_threads=threads, cache_dir=self.cache_dir,
+                    max_queued_requests=self.max_queued_requests, max_queued_tokens=self.max_queued_tokens,
+                    max_top_logprobs=self.max_top_logprobs, max_logprob_entries=self.max_logprob_entries,
+                    stuck_engine_timeout_s=self.stuck_engine_timeout_s)

@@ -42,6 +42,20 @@ class EngineConfig:
     num_threads: int | None = None
     # Where the embedded default model is converted to safetensors; None: the user's cache dir.
     cache_dir: str | None = None
+    # --- self-protection (engine/admission.py, engine/async_engine.py) ---
+    # Requests accepted but not started (no step has computed any of them): one more is refused at once with a
+    # 503-coded error instead of queuing. Measured (bench/limits.py): see README "Reliability".
+    max_queued_requests: int = 64
+    # Prompt tokens of those requests: ~10 s of prefill for SmolLM2 on 2 CPU cores. An empty queue takes any
+    # prompt, so a long prompt is never refused forever.
+    max_queued_tokens: int = 32768
+    # Largest top_logprobs_num, and most logprob entries (rows x (1 + k)) one request may return: what one
+    # request may cost the worker in time, memory and answer bytes (bench/limits.py measures it).
+    max_top_logprobs: int = 100
+    max_logprob_entries: int = 204800
+    # The worker's health check fails when work is pending and no engine step has finished for this long:
+    # busy is fine (a step is bounded by max_num_batched_tokens), stuck is not.
+    stuck_engine_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -52,6 +66,11 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.score_rows_per_block <= 0:
             raise ValueError(f"score_rows_per_block must be positive, got {self.score_rows_per_block}")
+        for name in ("max_queued_requests", "max_queued_tokens", "max_logprob_entries", "stuck_engine_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_top_logprobs < 0:
+            raise ValueError(f"max_top_logprobs must be non-negative, got {self.max_top_logprobs}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.logprobs_mode not in ("raw_logprobs", "raw_logits", "none"):
