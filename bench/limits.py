@@ -5,7 +5,8 @@ max_top_logprobs and max_logprob_entries (engine/config.py) and max_request_byte
 
 Each case runs in a fresh process, as a worker runs it: the engine thread scores a `rows`+1-token prompt with
 top-k, builds the carriers (workers/convert.py), and the event loop hands them on while a ticker measures how
-long the loop is held at most. Reported: worker seconds (request in, carriers out), the worker's extra peak
+long the loop is held at most. Reported: worker seconds (request in, carriers out) and CPU seconds (what a busy
+machine does not distort), the worker's extra peak
 memory (VmHWM after a reset, minus the resident set before), the pickled carriers (what Ray sends the
 ingress) and the JSON body (what the client receives).
 """
@@ -61,15 +62,15 @@ def _case(model: str, rows: int, k: int, threads: int, out: mp.Queue) -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM
     rss_before, _ = process_memory()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     chunks, stall = asyncio.run(_run_one(engine, ids, k))
-    worker_s = time.perf_counter() - t0
+    worker_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     blob = pickle.dumps(chunks, protocol=5)
     pickle_s = time.perf_counter() - t0 - worker_s
     _, peak = process_memory()
     body = json.dumps(chunk_json(merge_chunks(chunks)), separators=(",", ":")).encode()
     engine.shutdown()
-    out.put({"k": k, "rows": rows, "entries": rows * (1 + k), "worker_s": round(worker_s, 2),
+    out.put({"k": k, "rows": rows, "entries": rows * (1 + k), "worker_s": round(worker_s, 2), "worker_cpu_s": round(cpu_s, 2),
              "pickle_s": round(pickle_s, 2), "worker_extra_mib": round((peak - rss_before) / 2**20),
              "pickled_mb": round(len(blob) / 1e6, 1), "json_mb": round(len(body) / 1e6, 1),
              "max_loop_stall_ms": round(stall * 1000)})
