@@ -52,7 +52,7 @@ def _case(model: str, rows: int, k: int, threads: int, out: mp.Queue) -> None:
     from engine.config import EngineConfig
     from ingress.responses import chunk_json
     from workers.convert import to_chunk
-    from workers.protocol import merge_chunks
+    from workers.protocol import merge_outputs
 
     cfg = EngineConfig(model=model, device="cpu", num_threads=threads, kv_cache_bytes=256 << 20,
                        max_top_logprobs=1 << 20, max_logprob_entries=1 << 40)
@@ -68,7 +68,7 @@ def _case(model: str, rows: int, k: int, threads: int, out: mp.Queue) -> None:
     blob = pickle.dumps(chunks, protocol=5)
     pickle_s = time.perf_counter() - t0 - worker_s
     _, peak = process_memory()
-    body = json.dumps(chunk_json(merge_chunks(chunks)), separators=(",", ":")).encode()
+    body = json.dumps(chunk_json(merge_outputs(chunks)), separators=(",", ":")).encode()
     engine.shutdown()
     out.put({"k": k, "rows": rows, "entries": rows * (1 + k), "worker_s": round(worker_s, 2), "worker_cpu_s": round(cpu_s, 2),
              "pickle_s": round(pickle_s, 2), "worker_extra_mib": round((peak - rss_before) / 2**20),

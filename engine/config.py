@@ -1,9 +1,13 @@
-"""Engine configuration: plain frozen data, validated once at construction."""
+"""Engine configuration: plain frozen data, validated once at construction.
+
+Each field's `doc` metadata describes it; the deploy edge (deploy/config.py) builds its typed config from
+these fields, their types, defaults and docs, so nothing here is restated there.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "none"]
 DType = Literal["float32", "bfloat16", "float16"]
@@ -11,66 +15,67 @@ DType = Literal["float32", "bfloat16", "float16"]
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
+def _doc(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"doc": doc})
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    # A Hugging Face checkpoint folder, or the name of the embedded default model.
-    model: str = DEFAULT_MODEL
-    dtype: DType = "float32"
-    # "auto": CUDA when present, else CPU.
-    device: str = "auto"
-    # Tokens per KV block.
-    block_size: int = 16
-    # KV cache budget in bytes (K and V of every layer). num_kv_blocks overrides it when set.
-    kv_cache_bytes: int = 512 * 1024 * 1024
-    num_kv_blocks: int | None = None
-    # Per step: at most this many tokens (prefill chunks + one per decoding request) ...
-    max_num_batched_tokens: int = 2048
-    # ... and at most this many requests.
-    max_num_seqs: int = 64
+    model: str = _doc(DEFAULT_MODEL, "A Hugging Face checkpoint folder on every node, or "
+                      f"'{DEFAULT_MODEL}' for the embedded default model (converted once into cache_dir).")
+    dtype: DType = _doc("float32", "Weights and activations. float32 gives exact logprobs; bfloat16 is the GPU norm.")
+    device: str = _doc("auto", "'auto' (CUDA when the replica sees a GPU, else CPU), 'cpu' or 'cuda'.")
+    block_size: int = _doc(16, "Tokens per KV-cache block.")
+    kv_cache_bytes: int = _doc(512 * 1024 * 1024, "KV-cache budget, bytes (K and V of all layers).")
+    num_kv_blocks: int | None = _doc(None, "KV-cache blocks; overrides the byte budget when set.")
+    max_num_batched_tokens: int = _doc(2048, "Token budget of one engine step (prefill chunks + one per "
+                                       "decoding request).")
+    max_num_seqs: int = _doc(64, "Most requests in one engine step.")
     # The LM head + log-softmax of scoring runs over blocks of this many rows: the extra memory of
     # scoring is bounded by score_rows_per_block x vocab floats whatever the prompt length.
-    score_rows_per_block: int = 256
-    logprobs_mode: LogprobsMode = "raw_logprobs"
-    # Share full KV blocks across requests by a chained hash of their tokens; keep them (LRU) after use.
-    enable_prefix_cache: bool = True
-    # Keep each cached position's last hidden state too, so a scoring row in a cached block comes from the LM
-    # head alone. Off: cached blocks are reused only before the scoring boundary N (SGLang's rule).
-    hidden_state_store: bool = True
-    # Longest prompt + generation; None: the model's max_position_embeddings.
-    max_model_len: int | None = None
-    # torch intra-op threads; None leaves torch's default (Ray sets OMP_NUM_THREADS=1 in small actors).
-    num_threads: int | None = None
-    # Where the embedded default model is converted to safetensors; None: the user's cache dir.
-    cache_dir: str | None = None
-    # --- self-protection (engine/admission.py, engine/async_engine.py) ---
-    # Requests accepted but not started (no step has computed any of them): one more is refused at once with a
-    # 503-coded error instead of queuing. Measured (bench/limits.py): see README "Reliability".
-    max_queued_requests: int = 64
-    # Prompt tokens of those requests: ~10 s of prefill for SmolLM2 on 2 CPU cores. An empty queue takes any
-    # prompt, so a long prompt is never refused forever.
-    max_queued_tokens: int = 32768
-    # Largest top_logprobs_num, and most logprob entries (rows x (1 + k)) one request may return: what one
-    # request may cost the worker in time, memory and answer bytes (bench/limits.py measures it).
-    max_top_logprobs: int = 100
-    max_logprob_entries: int = 204800
-    # The worker's health check fails when work is pending and no engine step has finished for this long:
-    # busy is fine (a step is bounded by max_num_batched_tokens), stuck is not.
-    stuck_engine_timeout_s: float = 120.0
+    score_rows_per_block: int = _doc(256, "Rows per LM-head block when scoring: bounds scoring's extra memory "
+                                     "to rows x vocab floats.")
+    logprobs_mode: LogprobsMode = _doc("raw_logprobs", "What logprob values mean: log-softmax of raw logits, raw "
+                                       "logits, or logprobs disabled.")
+    enable_prefix_cache: bool = _doc(True, "Share full KV blocks across requests (chained block hashes, LRU "
+                                     "eviction).")
+    # Off: cached blocks are reused only before the scoring boundary N (SGLang's rule).
+    hidden_state_store: bool = _doc(True, "Keep each cached position's hidden state so scoring rows in cached "
+                                    "blocks skip the transformer; off: reuse only before N.")
+    max_model_len: int | None = _doc(None, "Longest prompt + generation; default: the model's.")
+    # Ray sets OMP_NUM_THREADS=1 in small actors, so a worker sets this from its CPU count (deploy/config.py).
+    num_threads: int | None = _doc(None, "torch intra-op threads; default: torch's own.")
+    cache_dir: str | None = _doc(None, "Where the default model is converted; default: the user's cache dir or "
+                                 "$RAYSCORE_CACHE_DIR.")
+    # --- self-protection (engine/admission.py, engine/async_engine.py; figures: bench/limits.py) ---
+    max_queued_requests: int = _doc(64, "Requests a worker holds that have not started (no engine step yet); one "
+                                    "more is refused at once with a 503-coded error, before it is queued.")
+    # ~10 s of prefill for SmolLM2 on 2 CPU cores.
+    max_queued_tokens: int = _doc(32768, "Prompt tokens of the requests a worker holds that have not started; "
+                                  "beyond it: refused (503). An empty queue takes any prompt.")
+    # 2,000 rows x (1 + 100): seconds of worker time, ~250 MiB of worker memory, a ~5 MB answer (bench/limits.py).
+    max_top_logprobs: int = _doc(100, "Largest top_logprobs_num (OpenAI `logprobs`) a request may ask (400 "
+                                 "above it).")
+    max_logprob_entries: int = _doc(204800, "Most [value, token_id] entries one answer may hold: rows x (1 + "
+                                    "top-k). Bounds one request's time, worker memory and answer bytes (400).")
+    # A step is bounded by max_num_batched_tokens: a legitimate one ends in seconds, even on a slow CPU.
+    stuck_engine_timeout_s: float = _doc(120.0, "The worker's health check fails (Serve replaces it) when it has "
+                                         "work and no engine step has finished for this long; busy is not stuck.")
 
     def __post_init__(self) -> None:
-        if self.block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {self.block_size}")
-        if self.max_num_batched_tokens <= 0:
-            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
-        if self.max_num_seqs <= 0:
-            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
-        if self.score_rows_per_block <= 0:
-            raise ValueError(f"score_rows_per_block must be positive, got {self.score_rows_per_block}")
+        for name in ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
+                     "score_rows_per_block"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("max_queued_requests", "max_queued_tokens", "max_logprob_entries", "stuck_engine_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_top_logprobs < 0:
             raise ValueError(f"max_top_logprobs must be non-negative, got {self.max_top_logprobs}")
+        for name in ("num_kv_blocks", "max_model_len", "num_threads"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive when set, got {value}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.logprobs_mode not in ("raw_logprobs", "raw_logits", "none"):

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, TypeVar
 
 FinishType = Literal["stop", "length", "abort", "error"]
 
 # [value, token_id]
 TokenLogprob = tuple[float, int]
+
+# Field metadata of a delta (a RequestOutput, or the worker's carrier of one): this field holds only what is
+# new since the previous delta, so a stream's deltas concatenate. Every other field holds a running value
+# (totals, the finish, timings) that the latest delta carries.
+CONCAT = {"concat": True}
+
+D = TypeVar("D")
 
 
 @dataclass
@@ -30,45 +38,40 @@ class RequestOutput:
     """
 
     request_id: str
-    new_token_ids: list[int] = field(default_factory=list)
-    new_text: str = ""
+    new_token_ids: list[int] = field(default_factory=list, metadata=CONCAT)
+    new_text: str = field(default="", metadata=CONCAT)
     finished: bool = False
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0  # running total
     cached_tokens: int = 0
-    input_token_logprobs: list[TokenLogprob] | None = None
-    input_top_logprobs: list[list[TokenLogprob]] | None = None
-    output_token_logprobs: list[TokenLogprob] | None = None
-    output_top_logprobs: list[list[TokenLogprob]] | None = None
+    input_token_logprobs: list[TokenLogprob] | None = field(default=None, metadata=CONCAT)
+    input_top_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
+    output_token_logprobs: list[TokenLogprob] | None = field(default=None, metadata=CONCAT)
+    output_top_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
     # Timings (time.monotonic seconds): arrival, first scheduled, finished.
     arrival_time: float | None = None
     scheduled_time: float | None = None
     finished_time: float | None = None
 
 
-def _extend(acc: list | None, new: list | None) -> list | None:
-    if new is None:
-        return acc
-    return (acc or []) + new
+def merge_outputs(deltas: Sequence[D]) -> D:
+    """Concatenate a stream's deltas into the whole answer (what a non-streaming caller gets).
 
-
-def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
-    """Concatenate a stream's deltas into the whole answer (what a non-streaming caller gets)."""
-    if not outputs:
+    The one merge of every delta type (engine outputs, the worker's carriers): fields marked CONCAT
+    concatenate, and a logprob list stays None until some delta brings one, so None vs [] survives; every
+    other field takes the latest value a delta has (not None).
+    """
+    if not deltas:
         raise ValueError("no outputs to merge")
-    total = RequestOutput(request_id=outputs[0].request_id)
-    for o in outputs:
-        total.new_token_ids += o.new_token_ids
-        total.new_text += o.new_text
-        total.input_token_logprobs = _extend(total.input_token_logprobs, o.input_token_logprobs)
-        total.input_top_logprobs = _extend(total.input_top_logprobs, o.input_top_logprobs)
-        total.output_token_logprobs = _extend(total.output_token_logprobs, o.output_token_logprobs)
-        total.output_top_logprobs = _extend(total.output_top_logprobs, o.output_top_logprobs)
-        total.finished, total.finish_reason = o.finished, o.finish_reason
-        total.prompt_tokens, total.completion_tokens = o.prompt_tokens, o.completion_tokens
-        total.cached_tokens = o.cached_tokens
-        total.arrival_time = o.arrival_time or total.arrival_time
-        total.scheduled_time = o.scheduled_time or total.scheduled_time
-        total.finished_time = o.finished_time or total.finished_time
-    return total
+    merged: dict[str, Any] = {}
+    for delta in deltas:
+        for f in fields(delta):  # type: ignore[arg-type]
+            new = getattr(delta, f.name)
+            old = merged.get(f.name)
+            if f.metadata.get("concat") and new is not None:
+                # new[:0]: an empty str or list, so the merged value never aliases a delta's own list.
+                merged[f.name] = (new[:0] if old is None else old) + new
+            elif new is not None or f.name not in merged:
+                merged[f.name] = new
+    return type(deltas[0])(**merged)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+import contextlib
 from collections.abc import AsyncGenerator
 
 from fastapi import FastAPI, Request
@@ -11,27 +11,14 @@ from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 
 from ingress.backend import Backend
-from ingress.disconnect import ClientGone, until_disconnect
-from ingress.errors import (
-    WORKER_ENDED_EARLY,
-    JSONAnswer,
-    RequestError,
-    finish_error,
-    invalid_request,
-    unavailable,
-    worker_failed,
-)
+from ingress.errors import JSONAnswer
+from ingress.lifecycle import Batch, Lifecycle
 from ingress.openai_routes import openai_router
-from ingress.responses import chunk_json
+from ingress.responses import chunk_json, error_json, sse_event
 from ingress.schemas import ErrorBody, GenerateBody, GenerateResponse, HealthBody
-from ingress.streaming import SSEResponse, sse_events
+from ingress.streaming import SSE_DONE
 from ingress.validation import to_request, validate
-from workers.protocol import GenerateChunk, merge_chunks
-
-logger = logging.getLogger(__name__)
-
-# nginx's "client closed request": written to a socket nobody reads, but it keeps access logs honest.
-CLIENT_CLOSED_REQUEST = 499
+from workers.protocol import GenerateChunk
 
 
 class GenerateRoutes:
@@ -39,49 +26,19 @@ class GenerateRoutes:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        self._lifecycle = Lifecycle(backend, error_json)
 
     async def generate(self, body: GenerateBody, request: Request) -> Response:
-        try:
-            info = await self._backend.model_info()
-        except Exception as exc:
-            logger.warning("model_info failed", exc_info=exc)
-            return unavailable(worker_failed(exc))
-        try:
-            validate(body, info)
-        except RequestError as exc:
-            return invalid_request(exc.message)
+        return await self._lifecycle.run(request, lambda batch: self._generate(body, batch))
 
-        req = to_request(body)
-        stream = self._backend.stream(req)
-        handed_off = False  # once the SSE response owns the stream, it closes it
-        try:
-            # The first chunk decides the status even of a streamed request, since no byte is out yet:
-            # a worker's rejection (FinishInfo code 400) is a 400, a failure a 5xx.
-            first = await until_disconnect(request.receive, anext(stream, None))
-            if first is None:
-                return unavailable(WORKER_ENDED_EARLY)
-            if (answer := finish_error(first.finish_reason)) is not None:
-                return answer
-            if body.stream:
-                handed_off = True
-                return SSEResponse(sse_events(first, stream), on_close=stream.aclose)
-            chunks = [first]
-            if not first.finished:
-                chunks += await until_disconnect(request.receive, _until_finished(stream))
-            if not chunks[-1].finished:
-                return unavailable(WORKER_ENDED_EARLY)
-            whole = merge_chunks(chunks)
-            return finish_error(whole.finish_reason) or JSONAnswer(chunk_json(whole))
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
-        except Exception as exc:
-            logger.warning("worker failed before the answer started, rid=%s", req.rid, exc_info=exc)
-            return unavailable(worker_failed(exc))
-        finally:
-            # Aborts the worker request unless its final chunk was seen (the Backend.stream contract).
-            # Also runs when Ray Serve cancels this handler because the client went away.
-            if not handed_off:
-                await stream.aclose()
+    async def _generate(self, body: GenerateBody, batch: Batch) -> Response:
+        validate(body, await self._backend.model_info())
+        batch.open([to_request(body)])  # one prompt: the batch of one
+        firsts = await batch.firsts()
+        if body.stream:
+            return batch.stream(_events(firsts, batch))
+        (whole,) = await batch.collect()
+        return JSONAnswer(chunk_json(whole))
 
     async def health(self) -> Response:
         if await self._backend.ready():
@@ -89,13 +46,14 @@ class GenerateRoutes:
         return JSONAnswer({"status": "unavailable"}, status_code=503)
 
 
-async def _until_finished(stream: AsyncGenerator[GenerateChunk, None]) -> list[GenerateChunk]:
-    chunks: list[GenerateChunk] = []
-    async for chunk in stream:
-        chunks.append(chunk)
-        if chunk.finished:
-            break  # a stream that does not end after its final chunk must not hold the answer
-    return chunks
+async def _events(firsts: list[GenerateChunk], batch: Batch) -> AsyncGenerator[str, None]:
+    """One event per worker chunk, then `[DONE]`; a failure once bytes are out is the final `error` event."""
+    for chunk in firsts:
+        yield sse_event(chunk)
+    async with contextlib.aclosing(batch.rest()) as rest:
+        async for _, chunk in rest:
+            yield sse_event(chunk)
+    yield SSE_DONE
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
@@ -106,38 +64,23 @@ async def _on_validation_error(request: Request, exc: Exception) -> Response:
 
 def build_fastapi_app(backend: Backend) -> FastAPI:
     """The ingress app over `backend`; OpenAPI at /docs and /openapi.json."""
-    app = FastAPI(
-        title="rayscore",
-        summary="Exact input-token scoring and generation for a causal LM.",
-        version="0.1.0",
-    )
+    app = FastAPI(title="rayscore", summary="Exact input-token scoring and generation for a causal LM.",
+                  version="0.1.0")
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     routes = GenerateRoutes(backend)
     app.add_api_route(
-        "/generate",
-        routes.generate,
-        methods=["POST"],
+        "/generate", routes.generate, methods=["POST"], response_model=None,
         summary="Generate from, or score, a prompt",
-        response_model=None,
         responses={
-            200: {
-                "model": GenerateResponse,
-                "description": "One JSON answer, or with `stream` server-sent events of deltas ending in [DONE].",
-                "content": {"text/event-stream": {}},
-            },
+            200: {"model": GenerateResponse, "content": {"text/event-stream": {}},
+                  "description": "One JSON answer, or with `stream` server-sent events of deltas ending in [DONE]."},
             400: {"model": ErrorBody, "description": "The request breaks a rule of the contract."},
             500: {"model": ErrorBody, "description": "The engine failed before the answer started."},
             503: {"model": ErrorBody, "description": "No worker could answer."},
-        },
-    )
-    app.add_api_route(
-        "/health",
-        routes.health,
-        methods=["GET"],
-        summary="Ready when the ingress and at least one worker answer",
-        response_model=None,
-        responses={200: {"model": HealthBody}, 503: {"model": HealthBody}},
-    )
+        })
+    app.add_api_route("/health", routes.health, methods=["GET"], response_model=None,
+                      summary="Ready when the ingress and at least one worker answer",
+                      responses={200: {"model": HealthBody}, 503: {"model": HealthBody}})
     # /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info (openai_routes.py).
     app.include_router(openai_router(backend))
     return app

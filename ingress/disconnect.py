@@ -13,11 +13,9 @@ from typing import TypeVar
 
 from starlette.types import Receive
 
+from ingress.errors import ClientGone
+
 T = TypeVar("T")
-
-
-class ClientGone(Exception):
-    """The client disconnected before the answer was complete; the work was cancelled."""
 
 
 async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:

@@ -1,21 +1,26 @@
-"""Error answers of the ingress, including a worker's error finish that arrives before any byte was sent.
+"""The ingress's one error hierarchy: what went wrong, with its HTTP status; each API writes its own body.
 
-- 400 `invalid_request_error`: the client sent something the contract rejects: found by validation.py,
-  or by the worker (FinishInfo code 400: a text prompt too long once tokenized, a duplicate rid, ...).
-  The client must change the request.
-- 5xx `server_error`: no worker could answer (503: none ready, or it died before a byte was sent), or
-  the engine failed (FinishInfo code 500). Retrying later may succeed once the worker is replaced.
-Once a stream has started, the status is 200 for good: errors are then in-band (streaming.py).
+- InvalidRequest (400, and a worker's other 4xx codes): the client sent something the rules reject, found by
+  a validator or by the worker (FinishInfo code 400: a text prompt too long once tokenized, ...). The
+  client must change the request. NotFound (404): it names something this server does not have.
+- ServerError (500): the engine failed. Unavailable (503): no worker could answer (none ready, or it died
+  before a byte was sent); retrying later may succeed once the worker is replaced.
+- ClientGone (499): the client went away first; nobody reads the answer.
+The lifecycle (lifecycle.py) raises them and turns any other exception into Unavailable. Once a stream has
+started the status is 200 for good: errors are then in-band, in each API's own event.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse
 
 from workers.protocol import FinishInfo
+
+# nginx's "client closed request": written to a socket nobody reads, but it keeps access logs honest.
+CLIENT_CLOSED_REQUEST = 499
 
 # Why a request ended without a worker's final chunk (a 503 before any byte, an `error` event after).
 WORKER_ENDED_EARLY = "The worker ended the request's stream without a final chunk."
@@ -26,12 +31,61 @@ def worker_failed(exc: BaseException) -> str:
     return f"The worker failed while serving this request ({type(exc).__name__})."
 
 
-class RequestError(Exception):
-    """A request the contract rejects with HTTP 400; `message` is the contract's exact text."""
+class IngressError(Exception):
+    """A request the ingress answers with an error. `param` names the offending field where one does."""
 
-    def __init__(self, message: str) -> None:
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"  # the error body's `type`, shared by SGLang's and OpenAI's shapes
+
+    def __init__(self, message: str, *, param: str | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param
+        if status is not None:
+            self.status = status  # type: ignore[misc]  # an instance may refine its class's code (4xx, 5xx)
+
+
+class InvalidRequest(IngressError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class NotFound(IngressError):
+    status = 404
+    type = "not_found_error"
+
+
+class ServerError(IngressError):
+    status = 500
+
+
+class Unavailable(ServerError):
+    status = 503
+
+
+class ClientGone(IngressError):
+    """The client disconnected before the answer was complete; the work was cancelled."""
+
+    status = CLIENT_CLOSED_REQUEST
+    type = "client_closed_request"
+
+    def __init__(self) -> None:
+        super().__init__("The client closed the request.")
+
+
+def finish_error(finish: FinishInfo | None) -> IngressError | None:
+    """The error a worker's `error` finish stands for; None for any other finish.
+
+    The worker's code picks the class: a 4xx is the client's fault and keeps its code and message (the
+    worker rejects a request for its prompt, hence `param`); anything else (500, or no code) is the server's.
+    """
+    if finish is None or finish.type != "error":
+        return None
+    message = finish.message or "The worker failed to serve this request."
+    code = finish.code
+    if code is not None and 400 <= code < 500:
+        return InvalidRequest(message, param="prompt", status=code)
+    return ServerError(message, status=code if code is not None and 500 <= code < 600 else 500)
 
 
 class JSONAnswer(JSONResponse):
@@ -43,34 +97,3 @@ class JSONAnswer(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(content, ensure_ascii=False, allow_nan=True, separators=(",", ":")).encode("utf-8")
-
-
-def error_body(message: str, *, type_: str, code: int) -> dict:
-    return {"object": "error", "message": message, "type": type_, "code": code, "param": None}
-
-
-def invalid_request(message: str, code: int = 400) -> JSONAnswer:
-    return JSONAnswer(error_body(message, type_="invalid_request_error", code=code), status_code=code)
-
-
-def server_error(message: str, code: int) -> JSONAnswer:
-    return JSONAnswer(error_body(message, type_="server_error", code=code), status_code=code)
-
-
-def unavailable(message: str) -> JSONAnswer:
-    return server_error(message, 503)
-
-
-def finish_error(finish: FinishInfo | None) -> JSONAnswer | None:
-    """The HTTP answer for a worker's `error` finish seen before any byte went out; None otherwise.
-
-    The worker's FinishInfo.code picks the class: a 4xx is the client's fault and keeps its code and
-    message; anything else (500, or no code at all) is the server's.
-    """
-    if finish is None or finish.type != "error":
-        return None
-    message = finish.message or "The worker failed to serve this request."
-    code = finish.code
-    if code is not None and 400 <= code < 500:
-        return invalid_request(message, code)
-    return server_error(message, code if code is not None and 500 <= code < 600 else 500)

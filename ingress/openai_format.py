@@ -1,4 +1,4 @@
-"""Worker chunks -> OpenAI completion JSON: choices, their `logprobs` object, usage.
+"""Worker chunks -> OpenAI completion JSON: choices, their `logprobs` object, usage; and OpenAI's error body.
 
 A chunk is already a delta (protocol.py), so one chunk is one streamed choice delta and a merged chunk is
 the whole choice: `ChoiceBuilder.delta` renders both. Token strings are each id decoded alone (as OpenAI
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ingress.errors import IngressError
 from workers.protocol import FinishInfo, GenerateChunk
 
 
@@ -112,3 +113,8 @@ def completion_json(cid: str, created: int, model: str, choices: list[dict[str, 
     if with_usage:
         out["usage"] = usage
     return out
+
+
+def error_json(exc: IngressError) -> dict[str, Any]:
+    """OpenAI's error body, for an answer and for the in-band error event of a stream."""
+    return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.status}}

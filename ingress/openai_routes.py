@@ -12,7 +12,6 @@ could answer. As on /generate, a client that goes away aborts its requests.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -24,8 +23,10 @@ from fastapi.routing import APIRoute
 from starlette.responses import Response
 
 from ingress.backend import Backend
-from ingress.errors import JSONAnswer, worker_failed
+from ingress.errors import InvalidRequest, JSONAnswer
+from ingress.lifecycle import Lifecycle
 from ingress.openai_completions import CompletionRoutes
+from ingress.openai_format import error_json
 from ingress.openai_schemas import (
     CompletionResponse,
     DetokenizeBody,
@@ -35,15 +36,9 @@ from ingress.openai_schemas import (
     TokenizeBody,
     TokenizeResponse,
 )
-from ingress.openai_validation import (
-    OpenAIRequestError,
-    check_model,
-    openai_error,
-    server_error,
-)
+from ingress.openai_validation import check_model
+from ingress.rules import TOKEN_OUT_OF_RANGE
 from workers.protocol import TokenizerInfo
-
-logger = logging.getLogger(__name__)
 
 
 class OpenAIRoute(APIRoute):
@@ -62,8 +57,8 @@ class OpenAIRoute(APIRoute):
                                     for loc, e in zip(locs, errors, strict=True))
                 # `param` names the body's field; a JSON syntax error's location is a character offset.
                 param = locs[0][0] if locs and locs[0] and isinstance(locs[0][0], str) else None
-                return openai_error(message or "Invalid request body.", 422, type_="invalid_request_error",
-                                    param=param)
+                error = InvalidRequest(message or "Invalid request body.", param=param, status=422)
+                return JSONAnswer(error_json(error), status_code=error.status)
 
         return route
 
@@ -71,54 +66,52 @@ class OpenAIRoute(APIRoute):
 class TokenizerRoutes:
     """GET /v1/models, POST /tokenize, POST /detokenize, GET /tokenizer_info."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, lifecycle: Lifecycle) -> None:
         self._backend = backend
+        self._lifecycle = lifecycle
 
-    async def models(self) -> Response:
-        return await self._answer(self._models())
+    async def models(self, request: Request) -> Response:
+        async def answer() -> dict[str, Any]:
+            info = await self._backend.model_info()
+            card = {"id": info.model_name, "object": "model", "created": int(time.time()), "owned_by": "rayscore",
+                    "max_model_len": info.max_model_len}
+            return {"object": "list", "data": [card]}
 
-    async def _models(self) -> dict[str, Any]:
-        info = await self._backend.model_info()
-        card = {"id": info.model_name, "object": "model", "created": int(time.time()), "owned_by": "rayscore",
-                "max_model_len": info.max_model_len}
-        return {"object": "list", "data": [card]}
+        return await self._run(request, answer)
 
-    async def tokenize(self, body: TokenizeBody) -> Response:
+    async def tokenize(self, body: TokenizeBody, request: Request) -> Response:
         async def answer() -> dict[str, Any]:
             info = await self._backend.model_info()
             check_model(body.model, info)
             tokens = await self._backend.tokenize(body.prompt, body.add_special_tokens)
             return {"tokens": tokens, "count": len(tokens), "max_model_len": info.max_model_len}
 
-        return await self._answer(answer())
+        return await self._run(request, answer)
 
-    async def detokenize(self, body: DetokenizeBody) -> Response:
+    async def detokenize(self, body: DetokenizeBody, request: Request) -> Response:
         async def answer() -> dict[str, Any]:
             info = await self._backend.model_info()
             check_model(body.model, info)
             bad = next((t for t in body.tokens if not 0 <= t < info.vocab_size), None)
             if bad is not None:
-                raise OpenAIRequestError(
-                    f"Token id {bad} is out of range for the vocabulary size {info.vocab_size}.", "tokens")
+                raise InvalidRequest(TOKEN_OUT_OF_RANGE.format(token_id=bad, vocab_size=info.vocab_size), param="tokens")
             return {"prompt": await self._backend.detokenize(body.tokens)}
 
-        return await self._answer(answer())
+        return await self._run(request, answer)
 
-    async def tokenizer_info(self) -> Response:
+    async def tokenizer_info(self, request: Request) -> Response:
         async def answer() -> dict[str, Any]:
             return asdict(await self._backend.tokenizer_info())
 
-        return await self._answer(answer())
+        return await self._run(request, answer)
 
-    @staticmethod
-    async def _answer(work: Awaitable[dict[str, Any]]) -> Response:
-        try:
-            return JSONAnswer(await work)
-        except OpenAIRequestError as exc:
-            return exc.answer()
-        except Exception as exc:
-            logger.warning("worker failed", exc_info=exc)
-            return server_error(worker_failed(exc))
+    async def _run(self, request: Request, answer: Callable[[], Awaitable[dict[str, Any]]]) -> Response:
+        # No worker stream: the lifecycle still maps errors, answers 503 when no worker can, and stops on
+        # a disconnect.
+        async def work(_batch: object) -> Response:
+            return JSONAnswer(await answer())
+
+        return await self._lifecycle.run(request, work)
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -130,8 +123,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def openai_router(backend: Backend) -> APIRouter:
     """The OpenAI-compatible routes over `backend`, for `app.include_router`."""
-    completions = CompletionRoutes(backend)
-    routes = TokenizerRoutes(backend)
+    lifecycle = Lifecycle(backend, error_json)
+    completions = CompletionRoutes(backend, lifecycle)
+    routes = TokenizerRoutes(backend, lifecycle)
     router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI-compatible"])
     router.add_api_route(
         "/v1/completions", completions.completions, methods=["POST"], response_model=None,

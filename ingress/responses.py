@@ -1,4 +1,4 @@
-"""GenerateChunk -> the contract's JSON answer, and the server-sent-event framing of a stream.
+"""/generate's payloads: a GenerateChunk -> the contract's JSON answer or event, and its error body.
 
 A chunk is already a delta (protocol.py), so one chunk is one event and a merged chunk is the whole
 answer: the same function renders both. None ("not requested") and [] ("requested, empty") pass
@@ -7,23 +7,31 @@ through untouched.
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
+from ingress.errors import IngressError
+from ingress.streaming import sse_data
 from workers.protocol import FinishInfo, GenerateChunk
 
-SSE_DONE = "data: [DONE]\n\n"
-# Proxies (nginx) buffer responses unless told otherwise; an SSE stream must reach the client per event.
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+def finish_json(finish: FinishInfo) -> dict[str, Any]:
+    """`meta_info.finish_reason`: `matched` and `message` only when there is one (never the internal code)."""
+    out: dict[str, Any] = {"type": finish.type}
+    if finish.matched is not None:
+        out["matched"] = finish.matched
+    if finish.message is not None:
+        out["message"] = finish.message
+    return out
 
 
-def chunk_json(chunk: GenerateChunk) -> dict:
+def chunk_json(chunk: GenerateChunk) -> dict[str, Any]:
     """The contract's answer for one chunk (streamed event) or one merged chunk (whole answer)."""
     return {
         "text": chunk.text,
         "output_ids": chunk.output_ids,
         "meta_info": {
             "id": chunk.rid,
-            "finish_reason": chunk.finish_reason.to_json() if chunk.finish_reason is not None else None,
+            "finish_reason": finish_json(chunk.finish_reason) if chunk.finish_reason is not None else None,
             "prompt_tokens": chunk.prompt_tokens,
             "completion_tokens": chunk.completion_tokens,
             "cached_tokens": chunk.cached_tokens,
@@ -36,29 +44,9 @@ def chunk_json(chunk: GenerateChunk) -> dict:
 
 
 def sse_event(chunk: GenerateChunk) -> str:
-    # allow_nan: a raw logit can be -inf; Python's json writes it as -Infinity rather than failing.
-    return f"data: {json.dumps(chunk_json(chunk), ensure_ascii=False, allow_nan=True, separators=(',', ':'))}\n\n"
+    return sse_data(chunk_json(chunk))
 
 
-def error_chunk(last: GenerateChunk, message: str) -> GenerateChunk:
-    """The final delta of a stream the worker could not finish: nothing new, finish_reason `error`.
-
-    Counts repeat the last chunk's (they are totals, not deltas). A logprob field the request asked for
-    (non-None so far) is [] here, one it did not ask for stays None, so concatenating still works.
-    """
-
-    def empty_like(field: list | None) -> list | None:
-        return None if field is None else []
-
-    return GenerateChunk(
-        rid=last.rid,
-        finished=True,
-        finish_reason=FinishInfo(type="error", message=message),
-        prompt_tokens=last.prompt_tokens,
-        completion_tokens=last.completion_tokens,
-        cached_tokens=last.cached_tokens,
-        input_token_logprobs=empty_like(last.input_token_logprobs),
-        input_top_logprobs=empty_like(last.input_top_logprobs),
-        output_token_logprobs=empty_like(last.output_token_logprobs),
-        output_top_logprobs=empty_like(last.output_top_logprobs),
-    )
+def error_json(exc: IngressError) -> dict[str, Any]:
+    """The contract's error body; `param` is always null on this route."""
+    return {"object": "error", "message": exc.message, "type": exc.type, "code": exc.status, "param": None}

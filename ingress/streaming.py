@@ -1,46 +1,28 @@
-"""The streamed answer: worker chunks -> SSE events, and a response that always aborts what it abandons."""
+"""Server-sent events: their framing, and a response that always closes (aborts) what it abandons.
+
+Each API writes its own event payloads (responses.py, openai_format.py); this is the transport they share.
+"""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+import json
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ingress.disconnect import ClientGone, until_disconnect
-from ingress.errors import WORKER_ENDED_EARLY, worker_failed
-from ingress.responses import SSE_DONE, SSE_HEADERS, error_chunk, sse_event
-from workers.protocol import GenerateChunk
+from ingress.disconnect import until_disconnect
+from ingress.errors import ClientGone
 
-logger = logging.getLogger(__name__)
+SSE_DONE = "data: [DONE]\n\n"
+# Proxies (nginx) buffer responses unless told otherwise; an SSE stream must reach the client per event.
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def sse_events(first: GenerateChunk, rest: AsyncIterator[GenerateChunk]) -> AsyncGenerator[str, None]:
-    """One event per worker chunk, from an already-received first chunk, then `[DONE]`.
-
-    Once bytes are out the status is 200 for good, so a worker that fails or ends early is reported
-    in-band: one last event with finish_reason `error`. The stream always ends; it never hangs.
-    """
-    yield sse_event(first)
-    last = first
-    message: str | None = None
-    if not last.finished:
-        try:
-            async for chunk in rest:
-                yield sse_event(chunk)
-                last = chunk
-                if chunk.finished:
-                    break
-        except Exception as exc:  # CancelledError / GeneratorExit are BaseException: they pass through
-            logger.warning("worker failed mid-stream, rid=%s", last.rid, exc_info=exc)
-            message = worker_failed(exc)
-        else:
-            if not last.finished:
-                message = WORKER_ENDED_EARLY
-    if message is not None:
-        yield sse_event(error_chunk(last, message))
-    yield SSE_DONE
+def sse_data(payload: dict[str, Any]) -> str:
+    # allow_nan: a raw logit can be -inf; Python's json writes it as -Infinity rather than failing.
+    return f"data: {json.dumps(payload, ensure_ascii=False, allow_nan=True, separators=(',', ':'))}\n\n"
 
 
 class SSEResponse(StreamingResponse):
@@ -48,8 +30,8 @@ class SSEResponse(StreamingResponse):
 
     Starlette's StreamingResponse neither closes its iterator nor, under ASGI spec >= 2.4, listens for a
     disconnect: a client gone during a long prefill would be noticed only at the next write. Here the
-    events race the disconnect, and `on_close` (the backend stream's aclose, which aborts the worker
-    request) runs on completion, disconnect, cancellation and error alike.
+    events race the disconnect, and `on_close` (which closes the worker streams, aborting their requests)
+    runs on completion, disconnect, cancellation and error alike.
     """
 
     media_type = "text/event-stream"
@@ -63,7 +45,7 @@ class SSEResponse(StreamingResponse):
         try:
             await until_disconnect(receive, self.stream_response(send))
         except (ClientGone, OSError):
-            pass  # nobody left to answer; `finally` aborts the worker request
+            pass  # nobody left to answer; `finally` aborts the worker requests
         finally:
             await self._events.aclose()
             await self._on_close()

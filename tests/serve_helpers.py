@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 from typing import Any
 
@@ -12,6 +13,20 @@ from ray import serve
 
 from deploy.app import build_app
 from workers.protocol import WorkerStats
+
+
+def ids_of(n: int, seed: int) -> list[int]:
+    """`n` random ids of the default model's vocabulary (49152), the same for the same seed."""
+    rng = random.Random(seed)
+    return [rng.randrange(0, 49152) for _ in range(n)]
+
+
+def score_body(ids: list[int], n: int, k: int | None = None, stream: bool = False) -> dict:
+    """A /generate body that scores ids[n+1:] (with the top `k` per row when given)."""
+    body = {"input_ids": ids, "max_tokens": 0, "return_logprob": True, "logprob_start_len": n, "stream": stream}
+    if k is not None:
+        body["top_logprobs_num"] = k
+    return body
 
 
 def app_args(**overrides: Any) -> dict[str, Any]:

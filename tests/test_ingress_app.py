@@ -8,102 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Callable, Iterable
 
 import httpx
 import pytest
 
-from ingress.app import build_fastapi_app
-from workers.protocol import FinishInfo, GenerateChunk, GenerateRequest, ModelInfo
-
-INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=512, logprobs_mode="raw_logprobs")
-HANG = object()  # in a script: wait forever (a long prefill, a stuck worker)
-
-Script = Iterable[object]  # GenerateChunk | BaseException | HANG
-
-
-def fake_model(req: GenerateRequest) -> Script:
-    """A deterministic worker: scoring in one chunk; generation one token per chunk, id = prev + 1."""
-    ids = req.input_ids or [1, 2]
-    lp = req.return_logprob
-    k = req.top_logprobs_num
-    if req.max_tokens == 0:
-        rows = ids[req.logprob_start_len + 1 :]
-        yield GenerateChunk(
-            rid=req.rid,
-            finished=True,
-            finish_reason=FinishInfo(type="length"),
-            prompt_tokens=len(ids),
-            input_token_logprobs=[[-0.5 * t, t] for t in rows],
-            input_top_logprobs=[[[-0.1, j] for j in range(k)] for _ in rows] if k else None,
-        )
-        return
-    tok = ids[-1]
-    for i in range(req.max_tokens):
-        tok = (tok + 1) % INFO.vocab_size
-        last = i == req.max_tokens - 1
-        yield GenerateChunk(
-            rid=req.rid,
-            text=f"<{tok}>",
-            output_ids=[tok],
-            finished=last,
-            finish_reason=FinishInfo(type="length") if last else None,
-            prompt_tokens=len(ids),
-            completion_tokens=i + 1,
-            output_token_logprobs=[[-1.0, tok]] if lp else None,
-            output_top_logprobs=([[[-1.0, tok]] * k] if k else []) if lp else None,
-        )
-
-
-class FakeBackend:
-    """Backend whose stream plays a script, and records how each stream ended."""
-
-    def __init__(self, script: Callable[[GenerateRequest], Script] = fake_model) -> None:
-        self.script = script
-        self.info: ModelInfo | Exception = INFO
-        self.is_ready = True
-        self.requests: list[GenerateRequest] = []
-        self.aborted: list[str] = []  # rids whose stream was closed or cancelled before its final chunk
-        self.started = asyncio.Event()  # set once a stream was entered
-
-    async def model_info(self) -> ModelInfo:
-        if isinstance(self.info, Exception):
-            raise self.info
-        return self.info
-
-    async def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
-        self.requests.append(req)
-        self.started.set()
-        finished = False
-        try:
-            for item in self.script(req):
-                if item is HANG:
-                    await asyncio.Event().wait()
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    assert isinstance(item, GenerateChunk)
-                    finished = item.finished
-                    yield item
-        except (GeneratorExit, asyncio.CancelledError):
-            if not finished:
-                self.aborted.append(req.rid)
-            raise
-
-    async def ready(self) -> bool:
-        return self.is_ready
-
-
-def client(backend: FakeBackend) -> httpx.AsyncClient:
-    app = build_fastapi_app(backend)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
-
-
-async def post(backend: FakeBackend, body: object, **kwargs) -> httpx.Response:
-    async with client(backend) as c:
-        if isinstance(body, (bytes, str)):
-            return await c.post("/generate", content=body, **kwargs)
-        return await c.post("/generate", json=body, **kwargs)
+from tests.fakes import HANG, SCORE, FakeBackend, client, fake_model, post
+from workers.protocol import FinishInfo, GenerateChunk
 
 
 def events(resp: httpx.Response) -> list[dict | str]:
@@ -129,7 +39,6 @@ def error_body(message: str) -> dict:
     }
 
 
-SCORE = {"input_ids": [3, 4, 5, 6], "max_tokens": 0, "return_logprob": True, "logprob_start_len": 1}
 META_KEYS = {
     "id",
     "finish_reason",
@@ -173,9 +82,8 @@ async def test_rid_made_when_absent_and_sent_to_worker():
     rid = resp.json()["meta_info"]["id"]
     assert len(rid) == 32 and backend.requests[0].rid == rid
     req = backend.requests[0]
-    assert (
-        req.prompt == "hi" and req.stop == ["x"] and req.return_logprob is False and req.top_logprobs_num == 0
-    )
+    p = req.params
+    assert req.prompt == "hi" and p.stop == ["x"] and p.return_logprob is False and p.top_logprobs_num == 0
 
 
 async def test_scoring_json():

@@ -8,58 +8,11 @@ closed or cancelled before its final chunk.
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
 from ingress.app import build_fastapi_app
-from tests.test_ingress_app import HANG, SCORE, FakeBackend, fake_model, post
-
-
-class RawCall:
-    """One POST /generate as raw ASGI, so a test chooses when the client disconnects."""
-
-    def __init__(self, app, body: dict, spec_version: str = "2.4") -> None:
-        self.app = app
-        self.body = json.dumps(body).encode()
-        self.gone = asyncio.Event()
-        self.sent: list[dict] = []
-        self.first_body = asyncio.Event()
-        self.scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": spec_version},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/generate",
-            "raw_path": b"/generate",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"host", b"test"), (b"content-type", b"application/json")],
-            "client": ("127.0.0.1", 1234),
-            "server": ("test", 80),
-        }
-        self._body_sent = False
-        self.stalled = (
-            False  # when set, every body write after the first blocks: a client that stopped reading
-        )
-
-    async def receive(self) -> dict:
-        if not self._body_sent:
-            self._body_sent = True
-            return {"type": "http.request", "body": self.body, "more_body": False}
-        await self.gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: dict) -> None:
-        if self.stalled and self.first_body.is_set():
-            await asyncio.Event().wait()
-        self.sent.append(message)
-        if message["type"] == "http.response.body" and message.get("body"):
-            self.first_body.set()
-
-    def run(self) -> asyncio.Task:
-        return asyncio.create_task(self.app(self.scope, self.receive, self.send))
+from tests.fakes import HANG, SCORE, FakeBackend, RawCall, fake_model, post
 
 
 @pytest.mark.parametrize("spec_version", ["2.3", "2.4"])

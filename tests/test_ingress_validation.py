@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from ingress.errors import RequestError
+from ingress.errors import InvalidRequest
 from ingress.schemas import GenerateBody
 from ingress.validation import to_request, validate
 from workers.protocol import ModelInfo
@@ -22,7 +22,7 @@ SCORE = {"input_ids": [1, 2, 3, 4], "max_tokens": 0, "return_logprob": True, "lo
 def message(info: ModelInfo = INFO, prompt_len: int | None = None, **fields) -> str | None:
     try:
         validate(GenerateBody(**fields), info, prompt_len)
-    except RequestError as exc:
+    except InvalidRequest as exc:
         return exc.message
     return None
 
@@ -299,8 +299,9 @@ def test_to_request_defaults():
     req = to_request(GenerateBody(input_ids=[1, 2]))
     assert len(req.rid) == 32 and int(req.rid, 16) >= 0
     assert req.input_ids == [1, 2] and req.prompt is None
-    assert req.return_logprob is False and req.top_logprobs_num == 0 and req.logprob_start_len == -1
-    assert req.stop == [] and req.stop_token_ids == [] and req.seed is None
+    p = req.params
+    assert p.return_logprob is False and p.top_logprobs_num == 0 and p.logprob_start_len == -1
+    assert p.stop == [] and p.stop_token_ids == [] and p.seed is None
     assert to_request(GenerateBody(input_ids=[1])).rid != req.rid
 
 
@@ -324,9 +325,10 @@ def test_to_request_copies_every_field():
         rid="my-id",
     )
     req = to_request(body)
-    assert (req.rid, req.prompt, req.input_ids, req.max_tokens) == ("my-id", "hi", None, 7)
-    assert (req.return_logprob, req.top_logprobs_num, req.logprob_start_len) == (True, 3, -1)
-    assert (req.temperature, req.top_p, req.top_k, req.min_p, req.seed) == (0.5, 0.9, 5, 0.1, 42)
-    assert (req.stop, req.stop_token_ids) == (["END"], [7, 8])
-    assert (req.ignore_eos, req.skip_special_tokens, req.include_stop_str_in_output) == (True, False, True)
-    assert to_request(GenerateBody(prompt="x", stop=["a", "b"])).stop == ["a", "b"]
+    p = req.params
+    assert (req.rid, req.prompt, req.input_ids, p.max_tokens) == ("my-id", "hi", None, 7)
+    assert (p.return_logprob, p.top_logprobs_num, p.logprob_start_len) == (True, 3, -1)
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (0.5, 0.9, 5, 0.1, 42)
+    assert (p.stop, p.stop_token_ids) == (["END"], [7, 8])
+    assert (p.ignore_eos, p.skip_special_tokens, p.include_stop_str_in_output) == (True, False, True)
+    assert to_request(GenerateBody(prompt="x", stop=["a", "b"])).params.stop == ["a", "b"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ingress.backend import HandleBackend
-from tests.test_ingress_backend import FakeHandle, FakeMethod, FakeResponse
+from tests.fakes import FakeHandle, FakeMethod, FakeResponse
 from workers.protocol import TokenizerInfo
 
 TOK_INFO = TokenizerInfo(model_name="tiny", tokenizer_class="Fake", vocab_size=100, max_model_len=64,

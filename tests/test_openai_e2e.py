@@ -3,15 +3,13 @@ SmolLM2: prompt logprobs equal /generate's scoring rows and the transformers for
 
 from __future__ import annotations
 
-import random
-
 import httpx
 import pytest
 import torch
 from ray import serve
 
 from tests.conftest import hf_logits, hf_scores
-from tests.serve_helpers import app_args, deploy, sse_events
+from tests.serve_helpers import app_args, deploy, ids_of, sse_events
 
 APP = "oai"
 PREFIX = "/oai"
@@ -24,11 +22,6 @@ def url(serve_url: str) -> str:
     deploy(APP, PREFIX, app_args(num_workers=1))
     yield serve_url + PREFIX
     serve.delete(APP)
-
-
-def ids_of(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(0, 49152) for _ in range(n)]
 
 
 def completion(url: str, **body) -> dict:

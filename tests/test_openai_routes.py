@@ -13,8 +13,7 @@ import httpx
 import pytest
 
 from ingress.app import build_fastapi_app
-from tests.test_ingress_app import HANG, FakeBackend
-from tests.test_ingress_disconnect import RawCall
+from tests.fakes import HANG, FakeBackend, RawCall
 from workers.protocol import FinishInfo, GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo
 
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=64, logprobs_mode="raw_logprobs")
@@ -32,20 +31,20 @@ def value(pos: int, token: int) -> float:
 def model(req: GenerateRequest):
     """Scores ids[N+1:] in the first chunk, then generates id = previous + 1, one token per chunk."""
     ids = list(req.input_ids or [])
-    k = req.top_logprobs_num
+    k = req.params.top_logprobs_num
     rows = tops = None
-    if req.logprob_start_len >= 0:
-        rows = [[value(p, ids[p]), ids[p]] for p in range(req.logprob_start_len + 1, len(ids))]
+    if req.params.logprob_start_len >= 0:
+        rows = [[value(p, ids[p]), ids[p]] for p in range(req.params.logprob_start_len + 1, len(ids))]
         tops = [[[-0.001 * j, j] for j in range(k)] for _ in rows] if k else None
-    if req.max_tokens == 0:
+    if req.params.max_tokens == 0:
         yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishInfo("length"), prompt_tokens=len(ids),
                             input_token_logprobs=rows, input_top_logprobs=tops)
         return
-    lp = req.return_logprob
+    lp = req.params.return_logprob
     tok = ids[-1]
-    for i in range(req.max_tokens):
+    for i in range(req.params.max_tokens):
         tok = (tok + 1) % INFO.vocab_size
-        last = i == req.max_tokens - 1
+        last = i == req.params.max_tokens - 1
         yield GenerateChunk(
             rid=req.rid, text=text_of(tok), output_ids=[tok], finished=last,
             finish_reason=FinishInfo("length") if last else None, prompt_tokens=len(ids), completion_tokens=i + 1,
@@ -123,8 +122,9 @@ async def test_lm_eval_request_scores_prompt_and_generates_one_token():
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
     (req,) = backend.requests
     # One engine request both scores the prompt (from position 0) and generates: what /generate forbids.
-    assert (req.input_ids, req.logprob_start_len, req.max_tokens, req.return_logprob, req.top_logprobs_num,
-            req.temperature, req.seed) == ([40, 41, 42, 43], 0, 1, True, 1, 0, 1234)
+    p = req.params
+    assert (req.input_ids, p.logprob_start_len, p.max_tokens, p.return_logprob, p.top_logprobs_num,
+            p.temperature, p.seed) == ([40, 41, 42, 43], 0, 1, True, 1, 0, 1234)
 
 
 async def test_what_lm_eval_sums():
@@ -142,7 +142,7 @@ async def test_echo_max_tokens_0_is_the_prompt_only():
     assert choice["logprobs"]["token_logprobs"] == [None, value(1, 41), value(2, 42), value(3, 43)]
     assert choice["logprobs"]["top_logprobs"] == [None, {"I": value(1, 41)}, {"J": value(2, 42)}, {"K": value(3, 43)}]
     assert resp.json()["usage"]["completion_tokens"] == 0
-    assert backend.requests[0].max_tokens == 0 and backend.requests[0].logprob_start_len == 0
+    assert backend.requests[0].params.max_tokens == 0 and backend.requests[0].params.logprob_start_len == 0
 
 
 @pytest.mark.parametrize("body", [
@@ -167,8 +167,9 @@ async def test_generation_without_echo_or_logprobs():
     body = (await complete({"prompt": "AB", "max_tokens": 3, "stop": "x"}, backend)).json()
     assert body["choices"] == [{"index": 0, "text": "CDE", "logprobs": None, "finish_reason": "length"}]
     req = backend.requests[0]
-    assert req.logprob_start_len == -1 and not req.return_logprob and req.stop == ["x"]
-    assert req.input_ids == [33, 34] and req.temperature == 1.0 and req.max_tokens == 3
+    p = req.params
+    assert p.logprob_start_len == -1 and not p.return_logprob and p.stop == ["x"]
+    assert req.input_ids == [33, 34] and p.temperature == 1.0 and p.max_tokens == 3
 
 
 async def test_logprobs_without_echo_cover_the_completion_only():
@@ -180,7 +181,7 @@ async def test_logprobs_without_echo_cover_the_completion_only():
 async def test_default_max_tokens_is_16():
     backend = Backend()
     await complete({"prompt": "A"}, backend)
-    assert backend.requests[0].max_tokens == 16
+    assert backend.requests[0].params.max_tokens == 16
 
 
 # --- batches -------------------------------------------------------------------------------------------

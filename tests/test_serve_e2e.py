@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 
 import httpx
@@ -12,7 +11,7 @@ import torch
 from ray import serve
 
 from tests.conftest import hf_scores
-from tests.serve_helpers import app_args, deploy, sse_events, worker_stats
+from tests.serve_helpers import app_args, deploy, ids_of, score_body, sse_events, worker_stats
 
 APP = "e2e"
 PREFIX = "/e2e"
@@ -24,18 +23,6 @@ def url(serve_url: str) -> str:
     deploy(APP, PREFIX, app_args())
     yield serve_url + PREFIX
     serve.delete(APP)
-
-
-def ids_of(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(0, 49152) for _ in range(n)]
-
-
-def score_body(ids: list[int], n: int, k: int | None = None, stream: bool = False) -> dict:
-    body = {"input_ids": ids, "max_tokens": 0, "return_logprob": True, "logprob_start_len": n, "stream": stream}
-    if k is not None:
-        body["top_logprobs_num"] = k
-    return body
 
 
 @pytest.mark.parametrize("stream", [False, True])

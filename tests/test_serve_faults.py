@@ -11,8 +11,7 @@ import yaml
 from ray import serve
 
 from tests.conftest import hf_scores
-from tests.serve_helpers import app_args, deploy, worker_stats
-from tests.test_serve_e2e import ids_of, score_body
+from tests.serve_helpers import app_args, deploy, ids_of, score_body, worker_stats
 
 
 def _replica_actors(app: str) -> list:

@@ -13,11 +13,9 @@ import pytest
 import ray
 from ray import serve
 
-from tests.conftest import hf_scores
-from tests.serve_helpers import app_args, deploy, wait_ready
-from tests.test_serve_e2e import ids_of, score_body
-
 from deploy.app import build_app
+from tests.conftest import hf_scores
+from tests.serve_helpers import app_args, deploy, ids_of, score_body, wait_ready
 
 APP, PREFIX = "protect", "/protect"
 QUEUED_TOKENS = 2048

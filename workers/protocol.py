@@ -1,16 +1,30 @@
 """Carriers: the only things that cross the ingress <-> worker process boundary.
 
-Plain dataclasses of builtins (no tensors, no engine objects), so they pickle small and the ingress
-never imports the engine. Logprob fields keep None ("not requested") and [] ("requested, empty")
-distinct; a stream's final chunk carries only what is new, never a replay of earlier chunks.
+Plain dataclasses of builtins (no tensors, no engine state), so they pickle small and the ingress
+never imports the engine's machinery. Logprob fields keep None ("not requested") and [] ("requested,
+empty") distinct; a stream's final chunk carries only what is new, never a replay of earlier chunks.
+
+Three pure dataclass modules of the engine are part of this vocabulary, re-exported here so that the ingress
+imports only this module (none of them imports torch): the request's SamplingParams (declared once, as
+vLLM's EngineCoreRequest carries its SamplingParams), the finish (FinishInfo is the engine's FinishReason)
+and the one merge of a stream's deltas.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-FinishType = Literal["stop", "length", "abort", "error"]
+from engine.outputs import CONCAT, FinishReason, FinishType, merge_outputs
+from engine.sampling_params import SamplingParams
+
+# The carrier's name for the engine's finish: type, matched stop, message, and with type "error" a code
+# (400: the request was invalid, e.g. a text prompt too long once tokenized; 500: the engine failed).
+FinishInfo = FinishReason
+
+__all__ = [
+    "FinishInfo", "FinishType", "GenerateChunk", "GenerateRequest", "ModelInfo", "SamplingParams",
+    "TokenizerInfo", "WorkerStats", "error_chunk", "merge_outputs",
+]
 
 
 @dataclass(frozen=True)
@@ -44,42 +58,13 @@ class TokenizerInfo:
 
 @dataclass
 class GenerateRequest:
+    """One worker request: a prompt and how to score, sample and stop."""
+
     rid: str
     # Exactly one of input_ids / prompt (the worker tokenizes a prompt, no special tokens added).
     input_ids: list[int] | None = None
     prompt: str | None = None
-    max_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-
-
-@dataclass
-class FinishInfo:
-    type: FinishType
-    matched: str | int | None = None
-    message: str | None = None
-    # With type "error": 400 when the request was invalid (e.g. a text prompt too long once tokenized:
-    # the ingress answers HTTP 400 with `message`), 500 when the engine failed.
-    code: int | None = None
-
-    def to_json(self) -> dict:
-        out: dict = {"type": self.type}
-        if self.matched is not None:
-            out["matched"] = self.matched
-        if self.message is not None:
-            out["message"] = self.message
-        return out
+    params: SamplingParams = field(default_factory=SamplingParams)
 
 
 @dataclass
@@ -87,18 +72,18 @@ class GenerateChunk:
     """One delta of a request's answer: what is new since the previous chunk."""
 
     rid: str
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
+    text: str = field(default="", metadata=CONCAT)
+    output_ids: list[int] = field(default_factory=list, metadata=CONCAT)
     finished: bool = False
     finish_reason: FinishInfo | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
     # [[value, token_id], ...] | None
-    input_token_logprobs: list[list] | None = None
-    input_top_logprobs: list[list[list]] | None = None
-    output_token_logprobs: list[list] | None = None
-    output_top_logprobs: list[list[list]] | None = None
+    input_token_logprobs: list[list] | None = field(default=None, metadata=CONCAT)
+    input_top_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
+    output_token_logprobs: list[list] | None = field(default=None, metadata=CONCAT)
+    output_top_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
 
 
 @dataclass
@@ -127,23 +112,22 @@ class WorkerStats:
     stalled_s: float = 0.0
 
 
-def merge_chunks(chunks: list[GenerateChunk]) -> GenerateChunk:
-    """Concatenate a stream's chunks into the whole answer."""
-    if not chunks:
-        raise ValueError("no chunks to merge")
+def error_chunk(rid: str, message: str, code: int | None = None, after: GenerateChunk | None = None) -> GenerateChunk:
+    """The final delta of a request that ends in error: nothing new, finish_reason `error` with `message`.
 
-    def ext(acc: list | None, new: list | None) -> list | None:
-        return acc if new is None else (acc or []) + new
+    `code`: 400 when the request was bad, 500 (or None) when the server failed. `after` is the last delta the
+    stream sent, if any: its totals repeat (they are totals, not deltas), and a logprob field it carried
+    (requested) is [] here while one it did not stays None, so the stream still concatenates.
+    """
 
-    total = GenerateChunk(rid=chunks[0].rid)
-    for c in chunks:
-        total.text += c.text
-        total.output_ids += c.output_ids
-        total.input_token_logprobs = ext(total.input_token_logprobs, c.input_token_logprobs)
-        total.input_top_logprobs = ext(total.input_top_logprobs, c.input_top_logprobs)
-        total.output_token_logprobs = ext(total.output_token_logprobs, c.output_token_logprobs)
-        total.output_top_logprobs = ext(total.output_top_logprobs, c.output_top_logprobs)
-        total.finished, total.finish_reason = c.finished, c.finish_reason
-        total.prompt_tokens, total.completion_tokens = c.prompt_tokens, c.completion_tokens
-        total.cached_tokens = c.cached_tokens
-    return total
+    def empty_like(name: str) -> list | None:
+        return None if after is None or getattr(after, name) is None else []
+
+    return GenerateChunk(
+        rid=rid, finished=True, finish_reason=FinishInfo("error", message=message, code=code),
+        prompt_tokens=after.prompt_tokens if after else 0,
+        completion_tokens=after.completion_tokens if after else 0,
+        cached_tokens=after.cached_tokens if after else 0,
+        input_token_logprobs=empty_like("input_token_logprobs"), input_top_logprobs=empty_like("input_top_logprobs"),
+        output_token_logprobs=empty_like("output_token_logprobs"),
+        output_top_logprobs=empty_like("output_top_logprobs"))

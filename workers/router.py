@@ -8,7 +8,8 @@ holds the longest prefix of its `input_ids` unless that replica is much busier t
 Text prompts (not tokenized here: the ingress has no tokenizer) and the other methods (`stats`,
 `model_info`) take Serve's usual power-of-two choices.
 
-Serve pickles this module by value into each handle owner, so it imports neither the engine nor torch.
+Serve pickles this module by value into each handle owner, so it imports neither torch nor the engine's
+machinery (only the pure message modules that protocol.py re-exports).
 The selection logic (`block_hashes`, `PrefixIndex`) is pure and tested without Ray.
 """
 

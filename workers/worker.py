@@ -14,9 +14,16 @@ from ray import serve
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from workers.convert import error_chunk, to_chunk, to_params
+from workers.convert import to_chunk
 from workers.health import worker_stats
-from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo, WorkerStats
+from workers.protocol import (
+    GenerateChunk,
+    GenerateRequest,
+    ModelInfo,
+    TokenizerInfo,
+    WorkerStats,
+    error_chunk,
+)
 
 log = logging.getLogger("ray.serve")
 
@@ -50,7 +57,7 @@ class EngineWorker:
                 return
         # aclosing: when Serve cancels this call (client gone), the engine stream is closed at once, which
         # aborts the request and frees its KV blocks.
-        async with contextlib.aclosing(self.engine.generate(req.rid, ids, to_params(req))) as stream:
+        async with contextlib.aclosing(self.engine.generate(req.rid, ids, req.params)) as stream:
             async for chunk in stream:
                 yield chunk
 

@@ -1,0 +1,215 @@
+"""Shared fakes for the ingress's unit tests (no Ray, no model): a worker backend that plays a script, a raw
+ASGI call whose client leaves when a test says so, and a fake DeploymentHandle for HandleBackend.
+
+A fake stands in for the worker only where a test is about the ingress itself; the proof that a feature
+works is the end-to-end tests against a real local Ray cluster and real weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, Callable, Iterable
+
+import httpx
+
+from ingress.app import build_fastapi_app
+from workers.protocol import FinishInfo, GenerateChunk, GenerateRequest, ModelInfo
+
+INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=512, logprobs_mode="raw_logprobs")
+HANG = object()  # in a script: wait forever (a long prefill, a stuck worker)
+
+Script = Iterable[object]  # GenerateChunk | BaseException | HANG
+
+
+def fake_model(req: GenerateRequest) -> Script:
+    """A deterministic worker: scoring in one chunk; generation one token per chunk, id = prev + 1."""
+    ids = req.input_ids or [1, 2]
+    lp = req.params.return_logprob
+    k = req.params.top_logprobs_num
+    if req.params.max_tokens == 0:
+        rows = ids[req.params.logprob_start_len + 1 :]
+        yield GenerateChunk(
+            rid=req.rid,
+            finished=True,
+            finish_reason=FinishInfo(type="length"),
+            prompt_tokens=len(ids),
+            input_token_logprobs=[[-0.5 * t, t] for t in rows],
+            input_top_logprobs=[[[-0.1, j] for j in range(k)] for _ in rows] if k else None,
+        )
+        return
+    tok = ids[-1]
+    for i in range(req.params.max_tokens):
+        tok = (tok + 1) % INFO.vocab_size
+        last = i == req.params.max_tokens - 1
+        yield GenerateChunk(
+            rid=req.rid,
+            text=f"<{tok}>",
+            output_ids=[tok],
+            finished=last,
+            finish_reason=FinishInfo(type="length") if last else None,
+            prompt_tokens=len(ids),
+            completion_tokens=i + 1,
+            output_token_logprobs=[[-1.0, tok]] if lp else None,
+            output_top_logprobs=([[[-1.0, tok]] * k] if k else []) if lp else None,
+        )
+
+
+class FakeBackend:
+    """Backend whose stream plays a script, and records how each stream ended."""
+
+    def __init__(self, script: Callable[[GenerateRequest], Script] = fake_model) -> None:
+        self.script = script
+        self.info: ModelInfo | Exception = INFO
+        self.is_ready = True
+        self.requests: list[GenerateRequest] = []
+        self.aborted: list[str] = []  # rids whose stream was closed or cancelled before its final chunk
+        self.started = asyncio.Event()  # set once a stream was entered
+
+    async def model_info(self) -> ModelInfo:
+        if isinstance(self.info, Exception):
+            raise self.info
+        return self.info
+
+    async def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+        self.requests.append(req)
+        self.started.set()
+        finished = False
+        try:
+            for item in self.script(req):
+                if item is HANG:
+                    await asyncio.Event().wait()
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    assert isinstance(item, GenerateChunk)
+                    finished = item.finished
+                    yield item
+        except (GeneratorExit, asyncio.CancelledError):
+            if not finished:
+                self.aborted.append(req.rid)
+            raise
+
+    async def ready(self) -> bool:
+        return self.is_ready
+
+
+def client(backend: FakeBackend) -> httpx.AsyncClient:
+    app = build_fastapi_app(backend)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+async def post(backend: FakeBackend, body: object, **kwargs) -> httpx.Response:
+    async with client(backend) as c:
+        if isinstance(body, (bytes, str)):
+            return await c.post("/generate", content=body, **kwargs)
+        return await c.post("/generate", json=body, **kwargs)
+
+
+# A /generate body that scores ids[2:] of four ids.
+SCORE = {"input_ids": [3, 4, 5, 6], "max_tokens": 0, "return_logprob": True, "logprob_start_len": 1}
+
+class RawCall:
+    """One POST /generate as raw ASGI, so a test chooses when the client disconnects."""
+
+    def __init__(self, app, body: dict, spec_version: str = "2.4") -> None:
+        self.app = app
+        self.body = json.dumps(body).encode()
+        self.gone = asyncio.Event()
+        self.sent: list[dict] = []
+        self.first_body = asyncio.Event()
+        self.scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": spec_version},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/generate",
+            "raw_path": b"/generate",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"host", b"test"), (b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 1234),
+            "server": ("test", 80),
+        }
+        self._body_sent = False
+        self.stalled = (
+            False  # when set, every body write after the first blocks: a client that stopped reading
+        )
+
+    async def receive(self) -> dict:
+        if not self._body_sent:
+            self._body_sent = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict) -> None:
+        if self.stalled and self.first_body.is_set():
+            await asyncio.Event().wait()
+        self.sent.append(message)
+        if message["type"] == "http.response.body" and message.get("body"):
+            self.first_body.set()
+
+    def run(self) -> asyncio.Task:
+        return asyncio.create_task(self.app(self.scope, self.receive, self.send))
+
+
+
+# --- a fake DeploymentHandle, for HandleBackend -------------------------------------------------------
+
+
+class FakeResponse:
+    """Stands for DeploymentResponse (awaitable) and DeploymentResponseGenerator (async iterable)."""
+
+    def __init__(self, items: list[object]) -> None:
+        self.items = list(items)
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def __await__(self):
+        return self._next().__await__()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self.items:
+            raise StopAsyncIteration
+        return await self._next()
+
+    async def _next(self):
+        item = self.items.pop(0)
+        if item is HANG:
+            await asyncio.Event().wait()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class FakeMethod:
+    def __init__(self, *answers: list[object]) -> None:
+        self.answers = list(answers)
+        self.responses: list[FakeResponse] = []
+
+    def remote(self, *args) -> FakeResponse:
+        response = FakeResponse(self.answers.pop(0) if len(self.answers) > 1 else self.answers[0])
+        self.responses.append(response)
+        return response
+
+
+class FakeHandle:
+    def __init__(self, stream: bool = False) -> None:
+        self.is_stream = stream
+        self.model_info = FakeMethod([INFO])
+        self.stats = FakeMethod([object()])
+        self.generate = FakeMethod([])
+        self._streaming: FakeHandle | None = None
+
+    def options(self, stream: bool = False) -> FakeHandle:
+        # Like Serve: a distinct handle whose calls stream; generate must be called through it.
+        if self._streaming is None:
+            self._streaming = FakeHandle(stream=stream)
+        return self._streaming
