@@ -5,6 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/local.yaml
+# Ray's Prometheus endpoint on this machine: http://127.0.0.1:$(METRICS_PORT)/metrics (README "Operating").
+METRICS_PORT ?= 8080
 
 .PHONY: setup serve score test lint bench clean
 
@@ -20,10 +22,11 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
-# Convert the embedded model once (visible progress), then start Serve on 127.0.0.1:8000.
+# Convert the embedded model once (visible progress), then start Serve on 127.0.0.1:8000 (`serve run` on a
+# local Ray whose metrics are at 127.0.0.1:$(METRICS_PORT)).
 serve: $(STAMP)
 	$(BIN)/python -m engine.cli --prepare
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/serve run $(CONFIG)
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m deploy.launch $(CONFIG) --metrics-export-port $(METRICS_PORT)
 
 # Offline scoring of one sentence, no server.
 score: $(STAMP)

@@ -33,11 +33,11 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
         # The event loop answers health checks in milliseconds even under a large request (carriers are built in
         # the engine thread); a stuck engine fails check_health itself after stuck_engine_timeout_s.
         health_check_period_s=5, health_check_timeout_s=30,
-        graceful_shutdown_timeout_s=cfg.graceful_shutdown_timeout_s,
+        graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
         **_routing(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
     ).bind(cfg.engine_config(), cfg.model_name)
     return Ingress.options(
         ray_actor_options={"num_cpus": cfg.ingress_num_cpus},
-        graceful_shutdown_timeout_s=cfg.graceful_shutdown_timeout_s,
+        graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
         **_scaling(cfg.ingress_num_replicas, cfg.ingress_autoscaling),
     ).bind(worker)

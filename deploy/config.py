@@ -45,8 +45,6 @@ class AppConfig(EngineFields):  # type: ignore[misc,valid-type]
     worker_max_queued_requests: int = Field(128, description="Serve's max_queued_requests for the workers: requests "
                                             "one ingress replica holds for lack of a worker slot; beyond it the "
                                             "handle raises BackPressureError at once (503). -1: unbounded.")
-    graceful_shutdown_timeout_s: float = Field(60.0, ge=0, description="On scale-down, redeploy or shutdown, how "
-                                               "long a replica keeps serving its in-flight requests (no new ones).")
 
     # --- workers ---------------------------------------------------------------------------------
     num_workers: int = Field(1, gt=0, description="Worker replicas when not autoscaling.")
@@ -56,6 +54,11 @@ class AppConfig(EngineFields):  # type: ignore[misc,valid-type]
     worker_num_gpus: float = Field(0.0, ge=0, description="GPUs per worker replica (1 on a GPU cluster).")
     worker_max_ongoing_requests: int = Field(64, gt=0, description="Requests Serve sends one worker at once; "
                                              "the engine batches them.")
+    # 60 s: scoring requests and typical generations finish; the ingress replicas get the same grace period.
+    worker_graceful_shutdown_timeout_s: float = Field(60.0, ge=0, description="How long a worker (and an ingress "
+                                                      "replica) that Serve removes (scale-down, redeploy, shutdown) "
+                                                      "may finish its in-flight requests, receiving no new ones, "
+                                                      "before it is killed.")
 
     prefix_aware_routing: bool = Field(False, description="Send each input_ids request to the worker that was sent "
                                        "the longest prefix of it (workers/router.py); else Serve's power of two.")

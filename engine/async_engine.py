@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Any]
+    convert: Callable[[RequestOutput], Any]
 
 
 class EngineUnhealthy(RuntimeError):
@@ -62,19 +63,20 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[Any]:
-        """Yields the request's deltas (converted); the last has finished=True. Closing or cancelling the iterator
-        early aborts the request and frees its KV blocks. Over the queue bounds, the one delta is a 503-coded
-        error and nothing is queued."""
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       convert: Callable[[RequestOutput], Any] | None = None) -> AsyncIterator[Any]:
+        """Yields the request's deltas, each through `convert` (default: the engine's) in the engine thread; the
+        last has finished=True. Closing or cancelling the iterator early aborts the request and frees its KV
+        blocks. Over the queue bounds, the one delta is a 503-coded error and nothing is queued."""
+        convert = convert or self._convert
         if not self.is_alive:
             raise RuntimeError(f"engine loop is not running: {self.error!r}")
         refusal = self.admission.admit(request_id, len(prompt_token_ids))
         if refusal is not None:
-            yield self._convert(RequestOutput(request_id, finished=True, prompt_tokens=len(prompt_token_ids),
+            yield convert(RequestOutput(request_id, finished=True, prompt_tokens=len(prompt_token_ids),
                                               finish_reason=FinishReason("error", message=refusal, code=OVERLOADED)))
             return
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), convert)
         with self._lock:
             if request_id in self._streams:
                 self.admission.release(request_id)
@@ -133,7 +135,7 @@ class AsyncEngine:
         with self._lock:
             stream = self._streams.get(out.request_id)
         if stream is not None:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, self._convert(out))
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, stream.convert(out))
 
     def _started(self, request_id: str) -> bool:
         seq = self.engine.seqs.get(request_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from engine.outputs import FinishReason, RequestOutput, merge_outputs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import Sequence
+from engine.stats import EngineCounters, token_load
 
 
 class RequestError(ValueError):
@@ -49,6 +51,7 @@ class LLMEngine:
         self.output_states: dict[str, OutputState] = {}
         self.generators: dict[str, torch.Generator] = {}
         self.num_finished = 0
+        self.counters = EngineCounters()
         self._ids = itertools.count()
 
     # --- requests -------------------------------------------------------------------------------
@@ -119,7 +122,9 @@ class LLMEngine:
 
     # --- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
         sched = self.scheduler.schedule()
+        self.counters.on_schedule(sched)
         if not sched.chunks:
             return []
         results = self.runner.execute(sched, self.generators)
@@ -128,6 +133,7 @@ class LLMEngine:
             out = self._update(chunk, result)
             if out is not None:
                 outputs.append(out)
+        self.counters.on_step(sched, time.perf_counter() - started)
         return outputs
 
     def _update(self, chunk: ScheduledChunk, r: ChunkResult) -> RequestOutput | None:
@@ -204,4 +210,12 @@ class LLMEngine:
                 "prefix_cache_query_tokens": self.kv.stats.query_tokens,
                 "prefix_cache_hit_tokens": self.kv.stats.hit_tokens,
                 "prefix_cache_evictions": self.kv.stats.evictions,
-                "prefix_cache_blocks": len(self.kv.cached)}
+                "prefix_cache_blocks": len(self.kv.cached),
+                **self._operator_stats()}
+
+    def _operator_stats(self) -> dict[str, int]:
+        # list(): the worker reads this from another thread; copying a deque or list is atomic.
+        queued, running = token_load(list(self.scheduler.waiting), list(self.scheduler.running))
+        c = self.counters
+        return {"queued_tokens": queued, "running_tokens": running, "steps": c.steps,
+                "hidden_store_rows": c.hidden_store_rows}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -14,6 +14,8 @@ from ingress.backend import Backend
 from ingress.errors import JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.openai_routes import openai_router
+from ingress.request_id import RequestIdMiddleware
+from ingress.request_record import RecordingBackend, RequestRecord
 from ingress.responses import chunk_json, error_json, sse_event
 from ingress.schemas import ErrorBody, GenerateBody, GenerateResponse, HealthBody
 from ingress.streaming import SSE_DONE
@@ -62,11 +64,14 @@ async def _on_validation_error(request: Request, exc: Exception) -> Response:
     return JSONAnswer({"detail": jsonable_encoder(exc.errors())}, status_code=422)
 
 
-def build_fastapi_app(backend: Backend) -> FastAPI:
-    """The ingress app over `backend`; OpenAPI at /docs and /openapi.json."""
+def build_fastapi_app(backend: Backend, on_request: Callable[[RequestRecord], None] | None = None) -> FastAPI:
+    """The ingress app over `backend`; OpenAPI at /docs and /openapi.json. Every request gets an id and an
+    access-log line (request_id.py); `on_request` sees each finished request's record (the metrics)."""
+    backend = RecordingBackend(backend)
     app = FastAPI(title="rayscore", summary="Exact input-token scoring and generation for a causal LM.",
                   version="0.1.0")
     app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_middleware(RequestIdMiddleware, on_finish=on_request)
     routes = GenerateRoutes(backend)
     app.add_api_route(
         "/generate", routes.generate, methods=["POST"], response_model=None,

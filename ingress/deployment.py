@@ -14,6 +14,7 @@ from ray.serve.handle import DeploymentHandle
 
 from ingress.app import build_fastapi_app
 from ingress.backend import HandleBackend
+from ingress.metrics import IngressMetrics, replica_label
 
 
 # `serve.ingress()` without an app is Serve's late-bound form: the app is built on the replica, after
@@ -28,4 +29,4 @@ class Ingress:
         self._backend = HandleBackend(worker, ready_timeout_s=ready_timeout_s)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_fastapi_app(self._backend)
+        return build_fastapi_app(self._backend, on_request=IngressMetrics(replica_label()).observe)

@@ -30,6 +30,7 @@ from ingress.openai_validation import (
     prompt_request,
     validate_completion,
 )
+from ingress.request_record import current_request_id
 from ingress.streaming import SSE_DONE, sse_data
 from workers.protocol import GenerateChunk
 
@@ -55,7 +56,7 @@ class CompletionRoutes:
         for i, ids in enumerate(ids_list):
             check_prompt(i, ids, settings, info, batch=len(items) > 1)
 
-        cid = f"cmpl-{uuid.uuid4().hex}"
+        cid = f"cmpl-{current_request_id() or uuid.uuid4().hex}"
         head = (cid, int(time.time()), info.model_name)
         choices = [ChoiceBuilder(i, ids, item if isinstance(item, str) else "", settings.echo, settings.logprobs)
                    for i, (item, ids) in enumerate(zip(items, ids_list, strict=True))]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 
 from ingress.errors import InvalidRequest
+from ingress.request_record import current_request_id
 from ingress.rules import CONTEXT_TOO_LONG, MAX_TOKENS_NEGATIVE, TOKEN_OUT_OF_RANGE, check_sampling
 from ingress.schemas import GenerateBody
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
@@ -94,9 +95,10 @@ def sampling_params(body: GenerateBody) -> SamplingParams:
 
 
 def to_request(body: GenerateBody) -> GenerateRequest:
-    """The worker's carrier for a validated body; a request id is made when the client sent none."""
+    """The worker's carrier for a validated body; the request id is the body's `rid`, else the HTTP request's
+    (X-Request-ID or made by the middleware), else a new one."""
     return GenerateRequest(
-        rid=body.rid or uuid.uuid4().hex,
+        rid=body.rid or current_request_id() or uuid.uuid4().hex,
         input_ids=list(body.input_ids) if body.input_ids is not None else None,
         prompt=body.prompt,
         params=sampling_params(body),

@@ -54,19 +54,34 @@ def smollm2_path() -> Path:
     return ensure_default_model()
 
 
-@pytest.fixture(scope="session")
-def serve_url(smollm2_path: Path):
-    """One real local Ray cluster and Serve instance for the whole test session (see shared ray-notes):
-    8 logical CPUs so an ingress and several workers place on 2 cores, 2 fake GPUs for the placement test."""
+def _free_port() -> int:
     import socket
-
-    import ray
-    from ray import serve
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False,
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def metrics_port() -> int:
+    """The Prometheus port of the session's Ray cluster (`metrics_url` fixture: its /metrics page)."""
+    return _free_port()
+
+
+@pytest.fixture(scope="session")
+def metrics_url(serve_url: str, metrics_port: int) -> str:
+    return f"http://127.0.0.1:{metrics_port}/metrics"
+
+
+@pytest.fixture(scope="session")
+def serve_url(smollm2_path: Path, metrics_port: int):
+    """One real local Ray cluster and Serve instance for the whole test session (see shared ray-notes):
+    8 logical CPUs so an ingress and several workers place on 2 cores, 2 fake GPUs for the placement test."""
+    import ray
+    from ray import serve
+
+    port = _free_port()
+    ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
              runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": str(smollm2_path.parent)}})
     serve.start(http_options={"host": "127.0.0.1", "port": port},
                 logging_config={"enable_access_log": False})

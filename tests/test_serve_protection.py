@@ -111,7 +111,7 @@ def test_flood_beyond_the_queue_is_refused_and_accepted_stay_exact(url: str, smo
 
 def test_redeploy_under_load_loses_nothing(serve_url: str, smollm2_path) -> None:
     app, prefix = "drain", "/drain"
-    args = app_args(num_workers=1, graceful_shutdown_timeout_s=60)
+    args = app_args(num_workers=1, worker_graceful_shutdown_timeout_s=60)
     deploy(app, prefix, args)
     prompts = [ids_of(200, 300 + i) for i in range(4)]
     expected = {i: hf_scores(smollm2_path, ids, 0) for i, ids in enumerate(prompts)}

@@ -14,8 +14,10 @@ from ray import serve
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
+from engine.outputs import RequestOutput
 from workers.convert import to_chunk
 from workers.health import worker_stats
+from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats, replica_label
 from workers.protocol import (
     GenerateChunk,
     GenerateRequest,
@@ -36,13 +38,15 @@ class EngineWorker:
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None) -> None:
         cfg = EngineConfig(**engine_config)
         # Ray sets OMP_NUM_THREADS=1 in actors with < 2 CPUs: take the thread count from the config.
-        # Carriers are built in the engine thread: a large delta never holds this replica's event loop, which
-        # must keep answering health checks, stats and other streams.
-        self.engine = AsyncEngine(cfg, convert=to_chunk)
+        # Carriers are built in the engine thread (generate's `convert`): a large delta never holds this replica's
+        # event loop, which must keep answering health checks, stats and other streams.
+        self.engine = AsyncEngine(cfg)
         eng = self.engine.engine
         self.info = ModelInfo(model_name=model_name or cfg.model, vocab_size=eng.vocab_size,
                               max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode)
         self.tokenizer = eng.tokenizer
+        self.metrics = WorkerMetrics(self.info.model_name, replica_label())
+        self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
         log.info("rayscore worker ready: model=%s device=%s dtype=%s kv_blocks=%d pid=%d CUDA_VISIBLE_DEVICES=%s",
                  cfg.model, eng.device, cfg.dtype, eng.kv.pool.num_blocks, os.getpid(),
                  os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -57,7 +61,13 @@ class EngineWorker:
                 return
         # aclosing: when Serve cancels this call (client gone), the engine stream is closed at once, which
         # aborts the request and frees its KV blocks.
-        async with contextlib.aclosing(self.engine.generate(req.rid, ids, req.params)) as stream:
+        params = req.params
+
+        def convert(out: RequestOutput) -> GenerateChunk:  # in the engine thread, off this event loop
+            self.metrics.on_output(params, out)
+            return to_chunk(out)
+
+        async with contextlib.aclosing(self.engine.generate(req.rid, ids, params, convert)) as stream:
             async for chunk in stream:
                 yield chunk
 
@@ -92,6 +102,10 @@ class EngineWorker:
 
     async def stats(self) -> WorkerStats:
         return worker_stats(self.engine)
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics hook: this worker's token load (workers/autoscaling.py)."""
+        return autoscaling_stats(self.engine.stats())
 
     def check_health(self) -> None:
         # Serve replaces a replica whose health check raises: when the engine loop has died, or when it has

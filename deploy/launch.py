@@ -1,0 +1,48 @@
+"""`make serve`: `serve run <config>` on a local Ray whose metrics are at a fixed, documented address.
+
+`serve run` alone starts Ray with a random metrics port. This starts the local Ray first, with
+`--metrics-export-port` (default 8080: `curl http://127.0.0.1:8080/metrics` shows rayscore's and Serve's
+metrics), then hands over to `serve run`, which reuses the Ray it finds initialized. Ctrl-C stops both.
+
+    python -m deploy.launch configs/local.yaml [--metrics-export-port 8080]
+
+On a cluster, start each node with `ray start ... --metrics-export-port=8080` and use `serve run` /
+`serve deploy` as usual (configs/cluster.yaml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from types import FrameType
+
+import ray
+
+DEFAULT_METRICS_PORT = 8080
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="Serve config file, as for `serve run`")
+    parser.add_argument("--metrics-export-port", type=int, default=DEFAULT_METRICS_PORT,
+                        help="Port of Ray's Prometheus endpoint on this node (default %(default)s)")
+    args = parser.parse_args(argv)
+
+    # `serve run` shuts Serve down on KeyboardInterrupt: Ctrl-C, and also a supervisor's SIGTERM, or a SIGINT
+    # sent to a launcher started in the background (where the shell had SIGINT ignored).
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    # The namespace `serve run` would use; a private ray.init keyword is Ray's only knob for this port.
+    ray.init(namespace="serve", _metrics_export_port=args.metrics_export_port)
+    print(f"rayscore: Ray metrics at http://127.0.0.1:{args.metrics_export_port}/metrics", flush=True)
+    from ray.serve.scripts import cli
+
+    cli.main(args=["run", args.config], prog_name="serve")
+
+
+if __name__ == "__main__":
+    main()

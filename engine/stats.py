@@ -1,0 +1,67 @@
+"""Engine counters for operators: what each step did, kept where the engine thread writes them and read by the
+worker (which turns them into metrics). Plain Python: the engine imports neither Ray nor a metrics library."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.scheduler import SchedulerOutput
+
+# Step records kept until the worker drains them (it does about once a second); older ones are dropped
+# rather than grow without bound when nobody reads them.
+MAX_PENDING_STEPS = 4096
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    duration_s: float  # schedule + execute + update, wall clock
+    num_tokens: int  # tokens computed by the transformer in this step (prefill chunks + decodes)
+    num_seqs: int  # requests in the step
+
+
+@dataclass
+class EngineCounters:
+    """Cumulative since the engine started; written only by the engine thread."""
+
+    steps: int = 0
+    # Scoring rows whose hidden state came from the hidden-state store (no transformer layer ran for them).
+    hidden_store_rows: int = 0
+    pending_steps: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=MAX_PENDING_STEPS))
+
+    def on_schedule(self, sched: SchedulerOutput) -> None:
+        """Count what the scheduler decided; called before the step's outputs update the sequences."""
+        self.hidden_store_rows += stored_rows(sched)
+
+    def on_step(self, sched: SchedulerOutput, duration_s: float) -> None:
+        self.steps += 1
+        self.pending_steps.append(StepRecord(duration_s, sched.num_tokens, len(sched.chunks)))
+
+    def drain_steps(self) -> list[StepRecord]:
+        """The step records since the last drain (safe from another thread: deque pops are atomic)."""
+        out: list[StepRecord] = []
+        while True:
+            try:
+                out.append(self.pending_steps.popleft())
+            except IndexError:
+                return out
+
+
+def stored_rows(sched: SchedulerOutput) -> int:
+    """Scoring rows of this step at positions before each chunk's start: the model runner reads their hidden
+    states from the store (model_runner.execute: rows next_score_position .. last, `p < start`)."""
+    n = 0
+    for chunk in sched.chunks:
+        seq = chunk.seq
+        if not seq.params.scores_input:
+            continue
+        hi = min(seq.last_score_position, chunk.start + chunk.num_tokens - 1, chunk.start - 1)
+        n += max(0, hi - seq.next_score_position + 1)
+    return n
+
+
+def token_load(waiting: list, running: list) -> tuple[int, int]:
+    """(queued tokens, running tokens): the context (prompt + generated) of waiting requests, all of which is
+    still to compute (a preempted request recomputes its whole context), and of running ones. Callers pass
+    copies of the scheduler's queues."""
+    return sum(s.num_tokens for s in waiting), sum(s.num_tokens for s in running)
