@@ -24,7 +24,8 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def url(serve_url: str) -> str:
-    deploy(APP, PREFIX, app_args(num_workers=1, max_queued_tokens=QUEUED_TOKENS))
+    # 256-token steps: the large request's prefill takes 8 steps, so a small one sent during it ends first.
+    deploy(APP, PREFIX, app_args(num_workers=1, max_queued_tokens=QUEUED_TOKENS, max_num_batched_tokens=256))
     yield serve_url + PREFIX
     serve.delete(APP)
 
@@ -44,34 +45,59 @@ def _exact(rows: list, ids: list[int], path) -> bool:  # type: ignore[no-untyped
     return [t for _, t in rows] == ids[1:] and max(abs(v - e) for (v, _), e in zip(rows, expected, strict=True)) <= ATOL
 
 
-def test_health_stats_and_small_requests_answer_while_a_large_one_runs(url: str, smollm2_path) -> None:
-    big_ids = ids_of(2001, 11)  # 2000 rows x (1 + 100) = 202,000 entries: the largest the defaults accept
-    big: dict = {}
+def _in_thread(fn) -> tuple[threading.Thread, dict]:  # type: ignore[no-untyped-def]
+    """Runs fn() in a thread; the dict gets its result ("r") and when it returned ("done")."""
+    out: dict = {}
 
-    def run_big() -> None:
-        big["r"] = httpx.post(url + "/generate", json=score_body(big_ids, 0, k=100), timeout=600)
-        big["done"] = time.monotonic()
+    def run() -> None:
+        out["r"] = fn()
+        out["done"] = time.monotonic()
 
-    t = threading.Thread(target=run_big, daemon=True)
+    t = threading.Thread(target=run, daemon=True)
     t.start()
+    return t, out
+
+
+def test_health_and_stats_answer_while_the_largest_request_runs(url: str, smollm2_path) -> None:
+    big_ids = ids_of(2001, 11)  # 2000 rows x (1 + 100) = 202,000 entries: the largest the defaults accept
+    t, big = _in_thread(lambda: httpx.post(url + "/generate", json=score_body(big_ids, 0, k=100), timeout=600))
     deadline = time.monotonic() + 120
     while _worker().stats.remote().result(timeout_s=60).running == 0:
         assert time.monotonic() < deadline and t.is_alive(), "the large request never started"
         time.sleep(0.05)
-    # The replica's own health check (what Serve calls) and stats answer while the large request runs ...
+    # The replica's own health check (what Serve calls) and stats answer while the large request runs.
     ray.get(_replica_actor(APP).check_health.remote(), timeout=60)
     assert _worker().stats.remote().result(timeout_s=60).running >= 1
-    # ... and a small request, arriving later, is answered before the large one ends.
-    small_ids = ids_of(9, 12)
-    r = httpx.post(url + "/generate", json=score_body(small_ids, 0), timeout=120)
-    small_done = time.monotonic()
+    assert "done" not in big, "the health check and stats should have answered while the large request ran"
     t.join(600)
-    assert small_done < big["done"], "the small request should have finished first"
-    assert r.status_code == 200 and _exact(r.json()["meta_info"]["input_token_logprobs"], small_ids, smollm2_path)
     assert big["r"].status_code == 200
     meta = big["r"].json()["meta_info"]
     assert len(meta["input_top_logprobs"]) == 2000 and all(len(row) == 100 for row in meta["input_top_logprobs"])
     assert _exact(meta["input_token_logprobs"], big_ids, smollm2_path)
+
+
+def test_a_small_request_ends_before_a_long_generation_that_started_first(url: str, smollm2_path) -> None:
+    started = threading.Event()
+
+    def generate() -> list[str]:
+        body = {"input_ids": ids_of(64, 13), "max_tokens": 64, "ignore_eos": True, "return_logprob": True,
+                "top_logprobs_num": 100, "stream": True}
+        with httpx.stream("POST", url + "/generate", json=body, timeout=600) as r:
+            lines = []
+            for line in r.iter_lines():
+                lines.append(line)
+                started.set()
+            return lines
+
+    t, gen = _in_thread(generate)
+    assert started.wait(120), "the generation never streamed"
+    small_ids = ids_of(9, 12)
+    r = httpx.post(url + "/generate", json=score_body(small_ids, 0), timeout=120)
+    small_done = time.monotonic()
+    t.join(600)
+    assert small_done < gen["done"], "the small request should have finished first"
+    assert r.status_code == 200 and _exact(r.json()["meta_info"]["input_token_logprobs"], small_ids, smollm2_path)
+    assert [line for line in gen["r"] if line][-1] == "data: [DONE]"
 
 
 def test_flood_beyond_the_queue_is_refused_and_accepted_stay_exact(url: str, smollm2_path) -> None:
