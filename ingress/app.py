@@ -18,8 +18,8 @@ from ingress.request_id import RequestIdMiddleware
 from ingress.request_record import RecordingBackend, RequestRecord
 from ingress.responses import chunk_json, error_json, sse_event
 from ingress.schemas import ErrorBody, GenerateBody, GenerateResponse, HealthBody
-from ingress.streaming import SSE_DONE
-from ingress.validation import to_request, validate
+from ingress.streaming import SSE_DONE, sse_data
+from ingress.validation import split_batch, to_request, validate, validate_batch
 from workers.protocol import GenerateChunk
 
 
@@ -34,13 +34,22 @@ class GenerateRoutes:
         return await self._lifecycle.run(request, lambda batch: self._generate(body, batch))
 
     async def _generate(self, body: GenerateBody, batch: Batch) -> Response:
-        validate(body, await self._backend.model_info())
-        batch.open([to_request(body)])  # one prompt: the batch of one
+        """One prompt (the batch of one), or SGLang's batch: a list of prompts, one worker request each, so the
+        router spreads them and the prefix cache shares what they have in common."""
+        info = await self._backend.model_info()
+        items = split_batch(body)
+        if items is None:
+            validate(body, info)
+        else:
+            validate_batch(items, info)
+        batch.open([to_request(item) for item in items or [body]])
         firsts = await batch.firsts()
         if body.stream:
-            return batch.stream(_events(firsts, batch))
-        (whole,) = await batch.collect()
-        return JSONAnswer(chunk_json(whole))
+            return batch.stream(_events(firsts, batch, indexed=items is not None))
+        wholes = await batch.collect()
+        if items is None:
+            return JSONAnswer(chunk_json(wholes[0]))
+        return JSONAnswer([chunk_json(whole) for whole in wholes])
 
     async def health(self) -> Response:
         if await self._backend.ready():
@@ -48,13 +57,18 @@ class GenerateRoutes:
         return JSONAnswer({"status": "unavailable"}, status_code=503)
 
 
-async def _events(firsts: list[GenerateChunk], batch: Batch) -> AsyncGenerator[str, None]:
-    """One event per worker chunk, then `[DONE]`; a failure once bytes are out is the final `error` event."""
-    for chunk in firsts:
-        yield sse_event(chunk)
+async def _events(firsts: list[GenerateChunk], batch: Batch, indexed: bool) -> AsyncGenerator[str, None]:
+    """One event per worker chunk, then one `[DONE]`; a failure once bytes are out is the final `error` event.
+    A batch's events name their item (`index`): the first chunks in order, then as they arrive."""
+
+    def event(i: int, chunk: GenerateChunk) -> str:
+        return sse_data({**chunk_json(chunk), "index": i}) if indexed else sse_event(chunk)
+
+    for i, chunk in enumerate(firsts):
+        yield event(i, chunk)
     async with contextlib.aclosing(batch.rest()) as rest:
-        async for _, chunk in rest:
-            yield sse_event(chunk)
+        async for i, chunk in rest:
+            yield event(i, chunk)
     yield SSE_DONE
 
 
@@ -75,10 +89,12 @@ def build_fastapi_app(backend: Backend, on_request: Callable[[RequestRecord], No
     routes = GenerateRoutes(backend)
     app.add_api_route(
         "/generate", routes.generate, methods=["POST"], response_model=None,
-        summary="Generate from, or score, a prompt",
+        summary="Generate from, or score, a prompt or a batch of prompts",
         responses={
-            200: {"model": GenerateResponse, "content": {"text/event-stream": {}},
-                  "description": "One JSON answer, or with `stream` server-sent events of deltas ending in [DONE]."},
+            200: {"model": GenerateResponse | list[GenerateResponse],
+                  "content": {"text/event-stream": {}},
+                  "description": "One JSON answer (a list of them, in order, for a batch), or with `stream` "
+                                 "server-sent events of deltas ending in [DONE] (a batch's events carry `index`)."},
             400: {"model": ErrorBody, "description": "The request breaks a rule of the contract."},
             500: {"model": ErrorBody, "description": "The engine failed before the answer started."},
             503: {"model": ErrorBody, "description": "No worker could answer."},

@@ -11,7 +11,7 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Protocol
 
-from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo
+from workers.protocol import ChatPrompt, GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo
 
 if TYPE_CHECKING:  # Ray is only needed once a handle exists; tests of the routes never import it.
     from ray.serve.handle import DeploymentHandle
@@ -50,13 +50,17 @@ class Backend(Protocol):
         """Each in-vocabulary id decoded alone."""
         ...
 
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> ChatPrompt:
+        """The ids of chat `messages` under the tokenizer's chat template, with the assistant turn opened."""
+        ...
+
     async def tokenizer_info(self) -> TokenizerInfo:
         ...
 
 
 class HandleBackend:
     """Backend over the worker deployment: `generate` (streaming), `model_info`, `stats` and the tokenizer's
-    `tokenize`, `detokenize`, `token_texts`, `tokenizer_info`."""
+    `tokenize`, `detokenize`, `token_texts`, `apply_chat_template`, `tokenizer_info`."""
 
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0) -> None:
         self._worker = worker
@@ -93,6 +97,9 @@ class HandleBackend:
 
     async def token_texts(self, ids: list[int]) -> list[str]:
         return await self._worker.token_texts.remote(ids)
+
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> ChatPrompt:
+        return await self._worker.apply_chat_template.remote(messages)
 
     async def tokenizer_info(self) -> TokenizerInfo:
         if self._tokenizer_info is None:

@@ -9,8 +9,6 @@ which this route sends as OpenAI's in-band error event before [DONE].
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -19,9 +17,10 @@ from fastapi import Request
 from starlette.responses import Response
 
 from ingress.backend import Backend
-from ingress.errors import IngressError, JSONAnswer, ServerError, finish_error, worker_failed
+from ingress.errors import JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
-from ingress.openai_format import ChoiceBuilder, completion_json, echo_only_chunk, error_json, usage_json
+from ingress.openai_answer import openai_events, token_texts
+from ingress.openai_format import ChoiceBuilder, completion_json, echo_only_chunk, usage_json
 from ingress.openai_schemas import CompletionBody
 from ingress.openai_validation import (
     CompletionSettings,
@@ -31,10 +30,9 @@ from ingress.openai_validation import (
     validate_completion,
 )
 from ingress.request_record import current_request_id
-from ingress.streaming import SSE_DONE, sse_data
+from ingress.streaming import sse_data
 from workers.protocol import GenerateChunk
 
-logger = logging.getLogger(__name__)
 Head = tuple[str, int, str]  # id, created, model
 
 
@@ -54,7 +52,7 @@ class CompletionRoutes:
         items = prompt_items(body.prompt)
         ids_list = await all_or_none(self._ids(item) for item in items)
         for i, ids in enumerate(ids_list):
-            check_prompt(i, ids, settings, info, batch=len(items) > 1)
+            check_prompt(i if len(items) > 1 else None, ids, settings.params.max_tokens, info)
 
         cid = f"cmpl-{current_request_id() or uuid.uuid4().hex}"
         head = (cid, int(time.time()), info.model_name)
@@ -72,7 +70,8 @@ class CompletionRoutes:
             return batch.stream(self._events(head, choices, firsts, list(requests), batch, settings))
         by_choice = dict(zip(requests, await batch.collect(), strict=True))
         wholes = [by_choice.get(i, first) for i, first in enumerate(firsts)]
-        texts = await self._texts(set().union(*(c.needed_ids(w) for c, w in zip(choices, wholes, strict=True))))
+        needed = set().union(*(c.needed_ids(w) for c, w in zip(choices, wholes, strict=True)))
+        texts = await token_texts(self._backend, needed)
         out = [c.delta(w, texts) for c, w in zip(choices, wholes, strict=True)]
         return JSONAnswer(completion_json(*head, out, usage_json(choices)))
 
@@ -89,35 +88,16 @@ class CompletionRoutes:
         for c, text in zip(todo, texts, strict=True):
             c.prompt_text = text
 
-    async def _texts(self, ids: set[int]) -> dict[int, str]:
-        if not ids:
-            return {}
-        order = sorted(ids)
-        return dict(zip(order, await self._backend.token_texts(order), strict=True))
-
-    async def _events(self, head: Head, choices: list[ChoiceBuilder], firsts: list[GenerateChunk],
+    def _events(self, head: Head, choices: list[ChoiceBuilder], firsts: list[GenerateChunk],
                       choice_of: list[int], batch: Batch, settings: CompletionSettings) -> AsyncGenerator[str, None]:
-        """Each prompt's chunks as OpenAI chunks: the first ones in order, then as they arrive (each names its
-        choice `index`), then usage when asked for, then [DONE]. `choice_of[j]` is worker request j's choice.
-        Once bytes are out, a failure is an in-band `error` event."""
+        """Each prompt's chunks as OpenAI chunks (each names its choice `index`), then usage when asked for."""
         with_usage = settings.include_usage
 
         async def event(i: int, chunk: GenerateChunk) -> str:
-            texts = await self._texts(choices[i].needed_ids(chunk))
+            texts = await token_texts(self._backend, choices[i].needed_ids(chunk))
             return sse_data(completion_json(*head, [choices[i].delta(chunk, texts)], with_usage=with_usage))
 
-        try:
-            for i, chunk in enumerate(firsts):
-                yield await event(i, chunk)
-            async with contextlib.aclosing(batch.rest()) as rest:
-                async for j, chunk in rest:
-                    if (error := finish_error(chunk.finish_reason)) is not None:
-                        raise error  # OpenAI has no `error` finish: the stream ends with an error event
-                    yield await event(choice_of[j], chunk)
-            if with_usage:
-                yield sse_data(completion_json(*head, [], usage_json(choices)))
-        except Exception as exc:  # CancelledError / GeneratorExit are BaseException: they pass through
-            logger.warning("completion failed mid-stream, id=%s", head[0], exc_info=exc)
-            message = exc.message if isinstance(exc, IngressError) else worker_failed(exc)
-            yield sse_data(error_json(ServerError(message)))
-        yield SSE_DONE
+        def usage() -> str:
+            return sse_data(completion_json(*head, [], usage_json(choices)))
+
+        return openai_events(head[0], firsts, batch, event, choice_of, usage if with_usage else None)

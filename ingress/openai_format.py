@@ -7,9 +7,9 @@ and vLLM do); the caller fetches them from the worker's tokenizer for the ids `n
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ingress.errors import IngressError
 from workers.protocol import FinishInfo, GenerateChunk
@@ -38,10 +38,7 @@ class ChoiceBuilder:
             ids.update(self.prompt_ids)
             for row in chunk.input_top_logprobs or ():
                 ids.update(t for _, t in row)
-        ids.update(t for _, t in chunk.output_token_logprobs or ())
-        for row in chunk.output_top_logprobs or ():
-            ids.update(t for _, t in row)
-        return ids
+        return ids | generated_ids(chunk)
 
     def delta(self, chunk: GenerateChunk, texts: Mapping[int, str]) -> dict[str, Any]:
         """The choice's JSON for `chunk`: a streamed delta, or the whole choice for a merged chunk."""
@@ -87,6 +84,14 @@ class ChoiceBuilder:
             tops.append(top)
 
 
+def generated_ids(chunk: GenerateChunk) -> set[int]:
+    """The ids a chunk's generated-token logprobs name: each token's and its alternatives'."""
+    ids = {t for _, t in chunk.output_token_logprobs or ()}
+    for row in chunk.output_top_logprobs or ():
+        ids.update(t for _, t in row)
+    return ids
+
+
 def finish_reason(chunk: GenerateChunk) -> str | None:
     if not chunk.finished or chunk.finish_reason is None:
         return None
@@ -99,17 +104,25 @@ def echo_only_chunk(rid: str, prompt_len: int) -> GenerateChunk:
                          prompt_tokens=prompt_len)
 
 
-def usage_json(choices: list[ChoiceBuilder]) -> dict[str, int]:
+class Counted(Protocol):
+    """A choice that knows its prompt and how many tokens it generated (ChoiceBuilder, chat's ChatChoice)."""
+
+    prompt_ids: list[int]
+    completion_tokens: int
+
+
+def usage_json(choices: Sequence[Counted]) -> dict[str, int]:
     prompt = sum(len(c.prompt_ids) for c in choices)
     completion = sum(c.completion_tokens for c in choices)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def completion_json(cid: str, created: int, model: str, choices: list[dict[str, Any]],
-                    usage: dict[str, int] | None = None, with_usage: bool = True) -> dict[str, Any]:
-    """The response (or one streamed chunk, with `with_usage` only when the client asked for usage)."""
-    out: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": model,
-                           "choices": choices}
+                    usage: dict[str, int] | None = None, with_usage: bool = True,
+                    obj: str = "text_completion") -> dict[str, Any]:
+    """The response (or one streamed chunk, with `with_usage` only when the client asked for usage); `obj` is
+    the object's kind (chat: "chat.completion", "chat.completion.chunk")."""
+    out: dict[str, Any] = {"id": cid, "object": obj, "created": created, "model": model, "choices": choices}
     if with_usage:
         out["usage"] = usage
     return out

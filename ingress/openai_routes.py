@@ -3,6 +3,8 @@
 
 - POST /v1/completions (openai_completions.py): legacy completions; `echo` + `logprobs` returns the
   prompt's logprobs (exact, from the engine's scoring path) and then the completion's.
+- POST /v1/chat/completions (openai_chat.py): chat completions over the tokenizer's chat template.
+- POST /v1/score (openai_score.py): SGLang's label-token scoring of query+item pairs.
 - GET /v1/models; POST /tokenize, POST /detokenize, GET /tokenizer_info (vLLM's shapes: lm-eval's remote
   tokenizer uses them).
 Every error has OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 for a value the
@@ -25,6 +27,8 @@ from starlette.responses import Response
 from ingress.backend import Backend
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Lifecycle
+from ingress.openai_chat import ChatRoutes
+from ingress.openai_chat_schemas import ChatResponse
 from ingress.openai_completions import CompletionRoutes
 from ingress.openai_format import error_json
 from ingress.openai_schemas import (
@@ -36,6 +40,7 @@ from ingress.openai_schemas import (
     TokenizeBody,
     TokenizeResponse,
 )
+from ingress.openai_score import ScoreResponse, ScoreRoutes
 from ingress.openai_validation import check_model
 from ingress.rules import TOKEN_OUT_OF_RANGE
 from workers.protocol import TokenizerInfo
@@ -119,21 +124,37 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": OpenAIErrorBody, "description": "A body of the wrong shape."},
     503: {"model": OpenAIErrorBody, "description": "No worker could answer."},
 }
+# Routes that run the model: also 404 for another model's name, and 500 when the engine fails first.
+_MODEL_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS,
+    404: {"model": OpenAIErrorBody, "description": "`model` is not the served model."},
+    500: {"model": OpenAIErrorBody, "description": "The engine failed before the answer started."},
+}
 
 
 def openai_router(backend: Backend) -> APIRouter:
     """The OpenAI-compatible routes over `backend`, for `app.include_router`."""
     lifecycle = Lifecycle(backend, error_json)
     completions = CompletionRoutes(backend, lifecycle)
+    chat = ChatRoutes(backend, lifecycle)
+    score = ScoreRoutes(backend, lifecycle)
     routes = TokenizerRoutes(backend, lifecycle)
     router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI-compatible"])
+    streamed = "One JSON answer, or with `stream` OpenAI chunks ending in [DONE]."
     router.add_api_route(
         "/v1/completions", completions.completions, methods=["POST"], response_model=None,
         summary="OpenAI legacy completions; echo + logprobs scores the prompt",
-        responses={200: {"model": CompletionResponse, "content": {"text/event-stream": {}},
-                         "description": "One JSON answer, or with `stream` OpenAI chunks ending in [DONE]."},
-                   404: {"model": OpenAIErrorBody, "description": "`model` is not the served model."},
-                   **_ERRORS})
+        responses={200: {"model": CompletionResponse, "content": {"text/event-stream": {}}, "description": streamed},
+                   **_MODEL_ERRORS})
+    router.add_api_route(
+        "/v1/chat/completions", chat.chat, methods=["POST"], response_model=None,
+        summary="OpenAI chat completions over the tokenizer's chat template, with logprobs",
+        responses={200: {"model": ChatResponse, "content": {"text/event-stream": {}}, "description": streamed},
+                   **_MODEL_ERRORS})
+    router.add_api_route(
+        "/v1/score", score.score, methods=["POST"], response_model=None,
+        summary="SGLang's scoring: the label tokens' next-token probabilities after each query+item",
+        responses={200: {"model": ScoreResponse}, **_MODEL_ERRORS})
     router.add_api_route("/v1/models", routes.models, methods=["GET"], response_model=None,
                          summary="The served model", responses={200: {"model": ModelList}, 503: _ERRORS[503]})
     router.add_api_route("/tokenize", routes.tokenize, methods=["POST"], response_model=None,

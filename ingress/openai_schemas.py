@@ -14,33 +14,27 @@ from pydantic import BaseModel, ConfigDict, Field
 # Fields OpenAI clients send as `null` to mean "the default" are `X | None`; the defaults apply in
 # openai_validation.py. strict / allow_inf_nan / extra="ignore" as in schemas.GenerateBody: ints are
 # taken where a float belongs, NaN is not, and fields this server has no use for are ignored.
-_BODY = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+STRICT_BODY = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
 Prompt = str | list[str] | list[int] | list[list[int]]
 
 
 class StreamOptions(BaseModel):
-    model_config = _BODY
+    model_config = STRICT_BODY
 
     include_usage: bool | None = Field(False, description="Send one last chunk with `usage` and no choices.")
 
 
-class CompletionBody(BaseModel):
-    """Request body of `POST /v1/completions` (OpenAI legacy completions)."""
+class SamplingFields(BaseModel):
+    """What completions and chat completions share: sampling, stopping, streaming, and the OpenAI parameters
+    this server refuses rather than ignores."""
 
-    model_config = _BODY
+    model_config = STRICT_BODY
 
     model: str | None = Field(None, description="Must be the served model's name (GET /v1/models) when given.")
-    prompt: Prompt = Field(description="A string, a list of strings, a list of token ids, or a list of "
-                           "token-id lists: one choice per prompt, `index` in order.")
-    max_tokens: int | None = Field(16, description="Tokens to generate; 0 (with `echo`) scores the prompt only.")
-    echo: bool | None = Field(False, description="Return the prompt (and its logprobs) before the completion.")
-    logprobs: int | None = Field(None, description="Logprobs of each token and of the k (0-20) most likely "
-                                 "alternatives per position; null: none.")
     temperature: float | None = Field(1.0, description="0 is greedy.")
     top_p: float | None = Field(1.0, description="Nucleus mass, in (0, 1].")
     n: int | None = Field(1, description="Only 1: one choice per prompt.")
-    best_of: int | None = Field(None, description="Only null or 1.")
     stop: str | list[str] | None = Field(None, description="Stop string(s); not part of the returned text.")
     seed: int | None = Field(None, description="Per-request sampling seed.")
     stream: bool | None = Field(False, description="Server-sent chunks ending with `data: [DONE]`.")
@@ -48,7 +42,6 @@ class CompletionBody(BaseModel):
     presence_penalty: float | None = Field(0.0, description="Not supported: only 0.")
     frequency_penalty: float | None = Field(0.0, description="Not supported: only 0.")
     logit_bias: dict[str, float] | None = Field(None, description="Not supported: only null or {}.")
-    suffix: str | None = Field(None, description="Not supported: only null.")
     user: str | None = None
     # Extensions with vLLM's names, passed to the sampler as /generate does.
     top_k: int | None = Field(-1, description="-1 disables top-k.")
@@ -59,8 +52,21 @@ class CompletionBody(BaseModel):
     include_stop_str_in_output: bool = False
 
 
+class CompletionBody(SamplingFields):
+    """Request body of `POST /v1/completions` (OpenAI legacy completions)."""
+
+    prompt: Prompt = Field(description="A string, a list of strings, a list of token ids, or a list of "
+                           "token-id lists: one choice per prompt, `index` in order.")
+    max_tokens: int | None = Field(16, description="Tokens to generate; 0 (with `echo`) scores the prompt only.")
+    echo: bool | None = Field(False, description="Return the prompt (and its logprobs) before the completion.")
+    logprobs: int | None = Field(None, description="Logprobs of each token and of the k (0-20) most likely "
+                                 "alternatives per position; null: none.")
+    best_of: int | None = Field(None, description="Only null or 1.")
+    suffix: str | None = Field(None, description="Not supported: only null.")
+
+
 class TokenizeBody(BaseModel):
-    model_config = _BODY
+    model_config = STRICT_BODY
 
     model: str | None = Field(None, description="Must be the served model's name when given.")
     prompt: str = Field(description="Text to tokenize, as a text prompt of /v1/completions is.")
@@ -69,7 +75,7 @@ class TokenizeBody(BaseModel):
 
 
 class DetokenizeBody(BaseModel):
-    model_config = _BODY
+    model_config = STRICT_BODY
 
     model: str | None = Field(None, description="Must be the served model's name when given.")
     tokens: list[int] = Field(description="Token ids, each in [0, vocab size).")

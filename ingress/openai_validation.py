@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ingress.errors import InvalidRequest, NotFound
-from ingress.openai_schemas import CompletionBody
+from ingress.openai_schemas import CompletionBody, SamplingFields
 from ingress.rules import CONTEXT_TOO_LONG, MAX_TOKENS_NEGATIVE, check_sampling
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 
@@ -46,7 +46,11 @@ def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSett
     """Raise InvalidRequest (or NotFound) for the first rule the body breaks; return its settings otherwise.
     Prompt contents are checked later, once text prompts are tokenized (`check_prompt`)."""
     check_model(body.model, info)
-    _check_unsupported(body)
+    check_unsupported(body)
+    if body.best_of not in (None, 1):
+        raise InvalidRequest(f"best_of={body.best_of} is not supported: only 1.", param="best_of")
+    if body.suffix is not None:
+        raise InvalidRequest("suffix is not supported by this server.", param="suffix")
     _check_prompt_not_empty(body.prompt)
     echo = bool(body.echo)
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
@@ -56,11 +60,24 @@ def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSett
         raise InvalidRequest("max_tokens 0 requires echo=true: it returns the prompt's logprobs only.",
                              param="max_tokens")
     k = body.logprobs
+    check_logprobs(k, info, "logprobs")
+    params = sampling_params(body, info, max_tokens, k)
+    return CompletionSettings(echo=echo, logprobs=k, stream=bool(body.stream), include_usage=include_usage(body),
+                              params=params)
+
+
+def check_logprobs(k: int | None, info: ModelInfo, param: str) -> None:
+    """k alternatives per position (None: no logprobs): in [0, 20], and a server that computes logprobs."""
     if k is not None and not 0 <= k <= min(MAX_LOGPROBS, info.vocab_size):
-        raise InvalidRequest(f"The logprobs {k} must be between 0 and {MAX_LOGPROBS}.", param="logprobs")
+        raise InvalidRequest(f"The {param} {k} must be between 0 and {MAX_LOGPROBS}.", param=param)
     if k is not None and info.logprobs_mode != "raw_logprobs":
         raise InvalidRequest(
-            f"logprobs requires the server's raw_logprobs mode; it runs {info.logprobs_mode}.", param="logprobs")
+            f"logprobs requires the server's raw_logprobs mode; it runs {info.logprobs_mode}.", param=param)
+
+
+def sampling_params(body: SamplingFields, info: ModelInfo, max_tokens: int, k: int | None) -> SamplingParams:
+    """The body's sampling and stopping with OpenAI's defaults for null, checked as /generate's rule 12 (every
+    value that reaches the sampler or a tensor is in range); `stream_options` only with `stream`."""
     params = SamplingParams(
         max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p, top_k=-1 if body.top_k is None else body.top_k,
@@ -69,24 +86,21 @@ def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSett
         stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
         skip_special_tokens=body.skip_special_tokens, include_stop_str_in_output=body.include_stop_str_in_output,
         return_logprob=k is not None, top_logprobs_num=k or 0)
-    # Every value that reaches the sampler or a tensor is in range (as /generate's rule 12).
     check_sampling(params, info.vocab_size)
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest("stream_options requires stream=true.", param="stream_options")
-    return CompletionSettings(echo=echo, logprobs=k, stream=bool(body.stream),
-                              include_usage=bool(body.stream_options and body.stream_options.include_usage),
-                              params=params)
+    return params
 
 
-def _check_unsupported(body: CompletionBody) -> None:
+def include_usage(body: SamplingFields) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def check_unsupported(body: SamplingFields) -> None:
     """OpenAI parameters this server does not implement: a 400 rather than silently ignoring them."""
     if body.n not in (None, 1):
         raise InvalidRequest(
             f"n={body.n} is not supported: this server returns one choice per prompt, so n must be 1.", param="n")
-    if body.best_of not in (None, 1):
-        raise InvalidRequest(f"best_of={body.best_of} is not supported: only 1.", param="best_of")
-    if body.suffix is not None:
-        raise InvalidRequest("suffix is not supported by this server.", param="suffix")
     if body.logit_bias:
         raise InvalidRequest("logit_bias is not supported by this server.", param="logit_bias")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -112,19 +126,18 @@ def prompt_items(prompt: str | list) -> list[str | list[int]]:
     return list(prompt)
 
 
-def check_prompt(index: int, ids: list[int], s: CompletionSettings, info: ModelInfo, batch: bool) -> None:
-    """One prompt's ids (given, or its text tokenized) against the model."""
-    where = f"The prompt at index {index}" if batch else "The prompt"
+def check_prompt(index: int | None, ids: list[int], max_tokens: int, info: ModelInfo, param: str = "prompt") -> None:
+    """One prompt's ids (given, or its text tokenized) against the model; `index` names it in a batch."""
+    where = "The prompt" if index is None else f"The prompt at index {index}"
     if not ids:
-        raise InvalidRequest(f"{where} has no tokens.", param="prompt")
+        raise InvalidRequest(f"{where} has no tokens.", param=param)
     bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
     if bad is not None:
         raise InvalidRequest(
-            f"{where} holds token id {bad}, out of range for the vocabulary size {info.vocab_size}.", param="prompt")
-    max_tokens = s.params.max_tokens
+            f"{where} holds token id {bad}, out of range for the vocabulary size {info.vocab_size}.", param=param)
     if len(ids) + max_tokens > info.max_model_len:
         message = CONTEXT_TOO_LONG.format(prompt_len=len(ids), max_tokens=max_tokens, context_len=info.max_model_len)
-        raise InvalidRequest(f"{where}: {message}" if batch else message, param="prompt")
+        raise InvalidRequest(message if index is None else f"{where}: {message}", param=param)
 
 
 def scores_prompt(ids: list[int], s: CompletionSettings) -> bool:

@@ -21,10 +21,15 @@ class GenerateBody(BaseModel):
     # lora_path, ...); ignoring them is harmless, whereas a 422 would break those clients for nothing.
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
-    input_ids: list[int] | None = Field(
-        None, description="The prompt as token ids; exactly one of input_ids / prompt."
+    # A list of lists (of strings) is a batch, as SGLang takes it: one worker request per item, the answer a
+    # list in the items' order (README, "Batches").
+    input_ids: list[int] | list[list[int]] | None = Field(
+        None, description="The prompt as token ids, or a batch of them (a list of id lists); exactly one of "
+        "input_ids / prompt."
     )
-    prompt: str | None = Field(None, description="The prompt as text, tokenized without a chat template.")
+    prompt: str | list[str] | None = Field(
+        None, description="The prompt as text, tokenized without a chat template, or a batch of them (a list)."
+    )
     image_data: Any = Field(None, description="Not supported: any non-null value is rejected (400).")
     max_tokens: int = Field(128, description="Tokens to generate; 0 means scoring only.")
     stream: bool = Field(False, description="Answer with server-sent events instead of one JSON body.")
@@ -45,7 +50,9 @@ class GenerateBody(BaseModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    rid: str | None = Field(None, description="Request id, echoed as meta_info.id; made when absent.")
+    rid: str | list[str] | None = Field(
+        None, description="Request id, echoed as meta_info.id; made when absent. A batch takes a list, one per item."
+    )
 
 
 # Response models: documentation only. The routes build their JSON by hand (responses.py) so that a

@@ -2,6 +2,8 @@
 
 Pure functions of the body and the worker's ModelInfo: no I/O, so they are tested exactly and alone.
 Rule 12 (sampling values) is the shared table of rules.py, checked on the carrier's SamplingParams.
+A batch (a list of prompts or of id lists) is validated item by item with the same rules: the first failing
+item's message is the single request's, prefixed with `Item {i}: `.
 """
 
 from __future__ import annotations
@@ -59,6 +61,40 @@ def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None)
     check_sampling(sampling_params(body), info.vocab_size)  # rule 12
 
 
+def split_batch(body: GenerateBody) -> list[GenerateBody] | None:
+    """A batch body's items, each a single body with its own rid; None when the body is not a batch.
+
+    Bodies with both or neither prompt form are left to rule 4, and `input_ids: []` to rule 6.
+    """
+    items: list[str] | list[list[int]]
+    if isinstance(body.prompt, list) and body.input_ids is None:
+        items, key = body.prompt, "prompt"
+    elif body.prompt is None and body.input_ids and isinstance(body.input_ids[0], list):
+        items, key = body.input_ids, "input_ids"  # type: ignore[assignment]  # a list of id lists
+    else:
+        if isinstance(body.rid, list):
+            raise InvalidRequest("The rid must be a string for a single prompt.")
+        return None
+    if not items:
+        raise InvalidRequest("The prompt must not be an empty list")
+    # Without the client's ids, item i's is the HTTP request's id (or a new one) with `-i`: one per worker request.
+    base = current_request_id() or uuid.uuid4().hex
+    rids = body.rid if body.rid is not None else [f"{base}-{i}" for i in range(len(items))]
+    if not isinstance(rids, list) or len(rids) != len(items):
+        raise InvalidRequest(f"The rid of a batch must be a list of {len(items)} strings, one per item.")
+    other = "input_ids" if key == "prompt" else "prompt"
+    return [body.model_copy(update={key: item, other: None, "rid": rid}) for item, rid in zip(items, rids, strict=True)]
+
+
+def validate_batch(items: list[GenerateBody], info: ModelInfo) -> None:
+    """Each item against the rules; the first failure's message names its item."""
+    for i, item in enumerate(items):
+        try:
+            validate(item, info)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"Item {i}: {exc.message}") from exc
+
+
 def _check_scoring(body: GenerateBody, info: ModelInfo) -> None:
     """Rule 9: input-token scoring (logprob_start_len >= 0) is scoring only, over given ids."""
     n = body.logprob_start_len
@@ -97,6 +133,7 @@ def sampling_params(body: GenerateBody) -> SamplingParams:
 def to_request(body: GenerateBody) -> GenerateRequest:
     """The worker's carrier for a validated body; the request id is the body's `rid`, else the HTTP request's
     (X-Request-ID or made by the middleware), else a new one."""
+    assert not isinstance(body.rid, list), "a batch is split into single bodies first"
     return GenerateRequest(
         rid=body.rid or current_request_id() or uuid.uuid4().hex,
         input_ids=list(body.input_ids) if body.input_ids is not None else None,

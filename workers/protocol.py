@@ -22,7 +22,7 @@ from engine.sampling_params import SamplingParams
 FinishInfo = FinishReason
 
 __all__ = [
-    "FinishInfo", "FinishType", "GenerateChunk", "GenerateRequest", "ModelInfo", "SamplingParams",
+    "ChatPrompt", "FinishInfo", "FinishType", "GenerateChunk", "GenerateRequest", "ModelInfo", "SamplingParams",
     "TokenizerInfo", "WorkerStats", "error_chunk", "merge_outputs",
 ]
 
@@ -54,6 +54,15 @@ class TokenizerInfo:
     pad_token: str | None
     pad_token_id: int | None
     chat_template: str | None
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """Chat messages under the served tokenizer's chat template: the prompt's ids, or why the template refused
+    them (`error`: no template, roles it does not accept, ...), which is the client's to fix (a 400)."""
+
+    ids: list[int]
+    error: str | None = None
 
 
 @dataclass

@@ -10,6 +10,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+from jinja2 import TemplateError
 from ray import serve
 
 from engine.async_engine import AsyncEngine
@@ -19,6 +20,7 @@ from workers.convert import to_chunk
 from workers.health import worker_stats
 from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats, replica_label
 from workers.protocol import (
+    ChatPrompt,
     GenerateChunk,
     GenerateRequest,
     ModelInfo,
@@ -33,7 +35,8 @@ log = logging.getLogger("ray.serve")
 class EngineWorker:
     """Serve deployment body (bound with options in deploy/app.py). Methods called through a handle:
     `generate` (stream=True), `model_info`, `stats`, and the tokenizer's `tokenize`, `detokenize`,
-    `token_texts`, `tokenizer_info` (for the OpenAI-compatible routes); Serve calls `check_health`."""
+    `token_texts`, `apply_chat_template`, `tokenizer_info` (for the OpenAI-compatible routes); Serve calls
+    `check_health`."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None) -> None:
         cfg = EngineConfig(**engine_config)
@@ -85,6 +88,18 @@ class EngineWorker:
     async def token_texts(self, ids: list[int]) -> list[str]:
         """Each id decoded alone, special tokens included: OpenAI's per-token strings (`logprobs.tokens`)."""
         return self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)
+
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> ChatPrompt:
+        """`messages` ({role, content} with text content) under the tokenizer's chat template, ending with the
+        assistant turn's opening (add_generation_prompt), tokenized as `generate` tokenizes a text prompt: the
+        template writes the special tokens itself."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            return ChatPrompt([], error="The served model's tokenizer has no chat template.")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError as exc:  # the template's own raise_exception (roles it does not accept, ...)
+            return ChatPrompt([], error=f"The chat template rejected the messages: {exc}")
+        return ChatPrompt(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def tokenizer_info(self) -> TokenizerInfo:
         tok = self.tokenizer
