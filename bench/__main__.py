@@ -2,6 +2,8 @@
 
     python -m bench run [--quick] [--workload NAME ...] [--model PATH] [--reps N]
     python -m bench list
+    python -m bench limits [...]        what the largest request costs a worker (bench/limits.py)
+    python -m bench reliability [...]   flood, worker kill, drain, abandon against a server (bench/reliability.py)
 
 Workloads (default: all, in this order): long (1 long scoring, MFU, bf16, memory), short (2 many short scoring
 requests), mc (3 multiple choice with shared contexts), gen (4 generation), http (5 over HTTP, one and two
@@ -47,7 +49,17 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+# Commands with their own arguments, each in its own module.
+_TOOLS = {"limits": "bench.limits", "reliability": "bench.reliability"}
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _TOOLS:
+        import importlib
+
+        importlib.import_module(_TOOLS[argv[0]]).main(argv[1:])
+        return
     args = _parser().parse_args(argv)
     from bench.workloads import WORKLOADS, resolve
 

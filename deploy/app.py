@@ -29,13 +29,15 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
     worker = EngineWorkerDeployment.options(
         ray_actor_options={"num_cpus": cfg.worker_num_cpus, "num_gpus": cfg.worker_num_gpus},
-        max_ongoing_requests=cfg.worker_max_ongoing_requests,
-        # Loading (or converting) the model takes a while on first start.
+        max_ongoing_requests=cfg.worker_max_ongoing_requests, max_queued_requests=cfg.worker_max_queued_requests,
+        # The event loop answers health checks in milliseconds even under a large request (carriers are built in
+        # the engine thread); a stuck engine fails check_health itself after stuck_engine_timeout_s.
         health_check_period_s=5, health_check_timeout_s=30,
         graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
         **_routing(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
     ).bind(cfg.engine_config(), cfg.model_name)
     return Ingress.options(
         ray_actor_options={"num_cpus": cfg.ingress_num_cpus},
+        graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
         **_scaling(cfg.ingress_num_replicas, cfg.ingress_autoscaling),
     ).bind(worker, settings=cfg.ingress_settings(), allow_unauthenticated=cfg.allow_unauthenticated)

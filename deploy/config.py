@@ -40,6 +40,13 @@ class AppConfig(EngineFields):  # type: ignore[misc,valid-type]
     num_threads: int | None = Field(None, gt=0, description="torch threads per worker; default: the worker's "
                                     "CPU count (Ray sets OMP_NUM_THREADS=1 in small actors).")
 
+    # --- self-protection (issue 13); the engine's limits and queue bounds are EngineFields ------------
+    max_request_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest HTTP request body, bytes; the "
+                                   "ingress answers 413 above it.")
+    worker_max_queued_requests: int = Field(128, description="Serve's max_queued_requests for the workers: requests "
+                                            "one ingress replica holds for lack of a worker slot; beyond it the "
+                                            "handle raises BackPressureError at once (503). -1: unbounded.")
+
     # --- workers ---------------------------------------------------------------------------------
     num_workers: int = Field(1, gt=0, description="Worker replicas when not autoscaling.")
     worker_autoscaling: dict[str, Any] | None = Field(None, description="Serve autoscaling_config for workers "
@@ -48,8 +55,10 @@ class AppConfig(EngineFields):  # type: ignore[misc,valid-type]
     worker_num_gpus: float = Field(0.0, ge=0, description="GPUs per worker replica (1 on a GPU cluster).")
     worker_max_ongoing_requests: int = Field(64, gt=0, description="Requests Serve sends one worker at once; "
                                              "the engine batches them.")
-    worker_graceful_shutdown_timeout_s: float = Field(5.0, ge=0, description="How long a worker that Serve removes "
-                                                      "(scale-down, redeploy) may finish its running requests "
+    # 60 s: scoring requests and typical generations finish; the ingress replicas get the same grace period.
+    worker_graceful_shutdown_timeout_s: float = Field(60.0, ge=0, description="How long a worker (and an ingress "
+                                                      "replica) that Serve removes (scale-down, redeploy, shutdown) "
+                                                      "may finish its in-flight requests, receiving no new ones, "
                                                       "before it is killed.")
 
     prefix_aware_routing: bool = Field(False, description="Send each input_ids request to the worker that was sent "

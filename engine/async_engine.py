@@ -1,5 +1,9 @@
 """An asyncio-friendly streaming front of the engine for the worker: the engine loop runs in a background
-thread; callers add a request and iterate its deltas; abandoning the iterator aborts the request."""
+thread; callers add a request and iterate its deltas; abandoning the iterator aborts the request.
+
+Self-protection lives here too: a bounded queue of requests not yet started (admission.py; one more is refused
+at once with a 503-coded error), outputs turned into the caller's carriers in the engine thread (so a large
+delta never holds the caller's event loop), and a health check that tells a stuck engine from a busy one."""
 
 from __future__ import annotations
 
@@ -7,10 +11,13 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
+from engine.admission import OVERLOADED, AdmissionQueue
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine, RequestError
 from engine.outputs import FinishReason, RequestOutput
@@ -22,12 +29,25 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput]
+    queue: asyncio.Queue[Any]
+    convert: Callable[[RequestOutput], Any]
+
+
+class EngineUnhealthy(RuntimeError):
+    """The engine loop died, or has work and made no progress for stuck_engine_timeout_s."""
 
 
 class AsyncEngine:
-    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None,
+                 convert: Callable[[RequestOutput], Any] | None = None) -> None:
+        """`convert` turns each output into what `generate` yields (the worker's carrier); it runs in the engine
+        thread, so the caller's event loop only hands the result on. It must keep `.finished`."""
         self.engine = engine if engine is not None else LLMEngine(config or EngineConfig())
+        cfg = self.engine.config
+        self._convert: Callable[[RequestOutput], Any] = convert or (lambda out: out)
+        self.admission = AdmissionQueue(cfg.max_queued_requests, cfg.max_queued_tokens)
+        # When the engine thread last finished a loop turn (a step, or an idle wait): the stuck-engine clock.
+        self._last_progress = time.monotonic()
         # Commands for the engine thread: ("add", rid, ids, params) or ("abort", rid). Only that thread
         # touches the engine, so the scheduler needs no locks.
         self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
@@ -43,15 +63,23 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Yields the request's deltas; the last has finished=True. Closing or cancelling the iterator early
-        aborts the request and frees its KV blocks."""
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       convert: Callable[[RequestOutput], Any] | None = None) -> AsyncIterator[Any]:
+        """Yields the request's deltas, each through `convert` (default: the engine's) in the engine thread; the
+        last has finished=True. Closing or cancelling the iterator early aborts the request and frees its KV
+        blocks. Over the queue bounds, the one delta is a 503-coded error and nothing is queued."""
+        convert = convert or self._convert
         if not self.is_alive:
             raise RuntimeError(f"engine loop is not running: {self.error!r}")
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        refusal = self.admission.admit(request_id, len(prompt_token_ids))
+        if refusal is not None:
+            yield convert(RequestOutput(request_id, finished=True, prompt_tokens=len(prompt_token_ids),
+                                              finish_reason=FinishReason("error", message=refusal, code=OVERLOADED)))
+            return
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), convert)
         with self._lock:
             if request_id in self._streams:
+                self.admission.release(request_id)
                 raise RequestError(f"request id {request_id!r} is already running")
             self._streams[request_id] = stream
         self._commands.put(("add", request_id, prompt_token_ids, params))
@@ -63,6 +91,7 @@ class AsyncEngine:
                 finished = out.finished
                 yield out
         finally:
+            self.admission.release(request_id)
             with self._lock:
                 self._streams.pop(request_id, None)
             if not finished:
@@ -73,7 +102,28 @@ class AsyncEngine:
         self._wake.set()
 
     def stats(self) -> dict[str, int]:
-        return self.engine.stats()
+        queued, queued_tokens = self.admission.queued
+        return {**self.engine.stats(), "queued": queued, "queued_tokens": queued_tokens,
+                "refused": self.admission.num_refused}
+
+    def stalled_for(self) -> float:
+        """Seconds the engine thread has had work and finished no loop turn (0 when idle or moving)."""
+        with self._lock:
+            pending = bool(self._streams)
+        if not pending and not self.engine.has_unfinished():
+            return 0.0
+        return max(0.0, time.monotonic() - self._last_progress)
+
+    def check_health(self) -> None:
+        """Raises EngineUnhealthy when the loop died or is stuck: work pending and no step finished for
+        stuck_engine_timeout_s. A long step is busy, not stuck, as long as it ends within that time."""
+        if not self.is_alive:
+            raise EngineUnhealthy(f"engine loop died: {self.error!r}")
+        limit = self.engine.config.stuck_engine_timeout_s
+        stalled = self.stalled_for()
+        if stalled > limit:
+            raise EngineUnhealthy(f"engine stuck: work pending and no step finished for {stalled:.0f} s "
+                                  f"(stuck_engine_timeout_s={limit:g})")
 
     def shutdown(self) -> None:
         self._stopped = True
@@ -85,7 +135,11 @@ class AsyncEngine:
         with self._lock:
             stream = self._streams.get(out.request_id)
         if stream is not None:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, stream.convert(out))
+
+    def _started(self, request_id: str) -> bool:
+        seq = self.engine.seqs.get(request_id)
+        return seq is not None and seq.scheduled_time is not None
 
     def _run_commands(self) -> None:
         while True:
@@ -106,6 +160,7 @@ class AsyncEngine:
     def _loop(self) -> None:
         try:
             while not self._stopped:
+                self._last_progress = time.monotonic()
                 self._run_commands()
                 if not self.engine.has_unfinished():
                     self._wake.wait(timeout=1.0)
@@ -113,6 +168,7 @@ class AsyncEngine:
                     continue
                 for out in self.engine.step():
                     self._deliver(out)
+                self.admission.release_started(self._started)
         except BaseException as e:  # the loop must not die silently: fail every waiting request
             log.error("engine loop died: %s", traceback.format_exc())
             self.error = e

@@ -47,12 +47,31 @@ class EngineConfig:
     num_threads: int | None = _doc(None, "torch intra-op threads; default: torch's own.")
     cache_dir: str | None = _doc(None, "Where the default model is converted; default: the user's cache dir or "
                                  "$RAYSCORE_CACHE_DIR.")
+    # --- self-protection (engine/admission.py, engine/async_engine.py; figures: bench/limits.py) ---
+    max_queued_requests: int = _doc(64, "Requests a worker holds that have not started (no engine step yet); one "
+                                    "more is refused at once with a 503-coded error, before it is queued.")
+    # ~10 s of prefill for SmolLM2 on 2 CPU cores.
+    max_queued_tokens: int = _doc(32768, "Prompt tokens of the requests a worker holds that have not started; "
+                                  "beyond it: refused (503). An empty queue takes any prompt.")
+    # 2,000 rows x (1 + 100): seconds of worker time, ~250 MiB of worker memory, a ~5 MB answer (bench/limits.py).
+    max_top_logprobs: int = _doc(100, "Largest top_logprobs_num (OpenAI `logprobs`) a request may ask (400 "
+                                 "above it).")
+    max_logprob_entries: int = _doc(204800, "Most [value, token_id] entries one answer may hold: rows x (1 + "
+                                    "top-k). Bounds one request's time, worker memory and answer bytes (400).")
+    # A step is bounded by max_num_batched_tokens: a legitimate one ends in seconds, even on a slow CPU.
+    stuck_engine_timeout_s: float = _doc(120.0, "The worker's health check fails (Serve replaces it) when it has "
+                                         "work and no engine step has finished for this long; busy is not stuck.")
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
                      "score_rows_per_block"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("max_queued_requests", "max_queued_tokens", "max_logprob_entries", "stuck_engine_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_top_logprobs < 0:
+            raise ValueError(f"max_top_logprobs must be non-negative, got {self.max_top_logprobs}")
         for name in ("num_kv_blocks", "max_model_len", "num_threads"):
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -94,6 +94,19 @@ class LLMEngine:
                          ("top_logprobs_num", p.top_logprobs_num >= 0)):
             if not ok:
                 raise RequestError(f"The {name} {getattr(p, name)} is out of range.")
+        self._check_limits(len(ids), p)
+
+    def _check_limits(self, num_ids: int, p: SamplingParams) -> None:
+        """What one request may cost (the ingress checks the same limits first; this is the worker's own guard)."""
+        cfg = self.config
+        if p.top_logprobs_num > cfg.max_top_logprobs:
+            raise RequestError(f"The top_logprobs_num {p.top_logprobs_num} exceeds the server's limit of "
+                               f"{cfg.max_top_logprobs} (config field max_top_logprobs).")
+        entries = p.logprob_entries(num_ids)
+        if entries > cfg.max_logprob_entries:
+            raise RequestError(f"The request would return {entries} logprob entries (rows x (1 + top_logprobs_num))"
+                               f", above the server's limit of {cfg.max_logprob_entries} (config field "
+                               "max_logprob_entries).")
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Frees everything the request holds. Returns its final output, or None if it is not live."""

@@ -36,3 +36,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def logprob_entries(self, num_prompt_tokens: int) -> int:
+        """How many [value, token_id] entries the answer holds at most: rows x (1 + k), where the rows are the
+        scored input positions and, with return_logprob, one per token to generate. What the limit
+        max_logprob_entries bounds (the answer's size and the worker's memory for it)."""
+        rows = max(0, num_prompt_tokens - self.logprob_start_len - 1) if self.scores_input else 0
+        if self.return_logprob:
+            rows += self.max_tokens
+        return rows * (1 + self.top_logprobs_num)

@@ -110,6 +110,15 @@ class WorkerStats:
     # Where the engine runs ("cpu", "cuda:0") and the GPU slot Ray gave the replica, if any.
     device: str = ""
     cuda_visible_devices: str | None = None
+    # Self-protection (engine/admission.py): requests and prompt tokens waiting to start, requests refused as
+    # overloaded since start; the process's resident memory now and at its peak; seconds the engine has had work
+    # and made no progress (the stuck-engine health check fails past stuck_engine_timeout_s).
+    queued: int = 0
+    queued_tokens: int = 0
+    refused: int = 0
+    rss_bytes: int = 0
+    peak_rss_bytes: int = 0
+    stalled_s: float = 0.0
 
 
 def error_chunk(rid: str, message: str, code: int | None = None, after: GenerateChunk | None = None) -> GenerateChunk:

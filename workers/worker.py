@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -14,7 +15,9 @@ from ray import serve
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
+from engine.outputs import RequestOutput
 from workers.convert import to_chunk
+from workers.health import worker_stats
 from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats, replica_label
 from workers.protocol import (
     ChatPrompt,
@@ -38,6 +41,8 @@ class EngineWorker:
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None) -> None:
         cfg = EngineConfig(**engine_config)
         # Ray sets OMP_NUM_THREADS=1 in actors with < 2 CPUs: take the thread count from the config.
+        # Carriers are built in the engine thread (generate's `convert`): a large delta never holds this replica's
+        # event loop, which must keep answering health checks, stats and other streams.
         self.engine = AsyncEngine(cfg)
         eng = self.engine.engine
         self.info = ModelInfo(model_name=model_name or cfg.model, vocab_size=eng.vocab_size,
@@ -52,17 +57,22 @@ class EngineWorker:
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         ids = req.input_ids
         if ids is None:
-            ids = self.tokenizer.encode(req.prompt or "", add_special_tokens=False)
+            # In a thread: a long prompt must not hold the event loop either.
+            ids = await asyncio.to_thread(self.tokenizer.encode, req.prompt or "", add_special_tokens=False)
             if not ids:
                 yield error_chunk(req.rid, "The prompt must not be an empty string", 400)
                 return
         # aclosing: when Serve cancels this call (client gone), the engine stream is closed at once, which
         # aborts the request and frees its KV blocks.
         params = req.params
-        async with contextlib.aclosing(self.engine.generate(req.rid, ids, params)) as stream:
-            async for out in stream:
-                self.metrics.on_output(params, out)
-                yield to_chunk(out)
+
+        def convert(out: RequestOutput) -> GenerateChunk:  # in the engine thread, off this event loop
+            self.metrics.on_output(params, out)
+            return to_chunk(out)
+
+        async with contextlib.aclosing(self.engine.generate(req.rid, ids, params, convert)) as stream:
+            async for chunk in stream:
+                yield chunk
 
     async def model_info(self) -> ModelInfo:
         return self.info
@@ -106,23 +116,16 @@ class EngineWorker:
             chat_template=text("chat_template"))
 
     async def stats(self) -> WorkerStats:
-        s = self.engine.stats()
-        return WorkerStats(pid=os.getpid(), waiting=s["waiting"], running=s["running"], kv_blocks_total=s["kv_blocks_total"],
-                           kv_blocks_free=s["kv_blocks_free"], kv_blocks_used=s["kv_blocks_used"],
-                           requests_finished=s["requests_finished"],
-                           prefix_cache_hit_tokens=s["prefix_cache_hit_tokens"],
-                           prefix_cache_query_tokens=s["prefix_cache_query_tokens"],
-                           prefix_cache_evictions=s["prefix_cache_evictions"], device=str(self.engine.engine.device),
-                           cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return worker_stats(self.engine)
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metrics hook: this worker's token load (workers/autoscaling.py)."""
         return autoscaling_stats(self.engine.stats())
 
     def check_health(self) -> None:
-        # Serve replaces a replica whose health check raises: do so when the engine loop has died.
-        if not self.engine.is_alive:
-            raise RuntimeError(f"engine loop died: {self.engine.error!r}")
+        # Serve replaces a replica whose health check raises: when the engine loop has died, or when it has
+        # work and has not finished a step for stuck_engine_timeout_s (busy is fine, stuck is not).
+        self.engine.check_health()
 
 
 EngineWorkerDeployment = serve.deployment(name="EngineWorker")(EngineWorker)
