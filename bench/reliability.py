@@ -93,10 +93,15 @@ def _fan_out(n: int, fn: Callable[[int], Any]) -> list[Any]:
 
 # --- parts ----------------------------------------------------------------------------------------------
 def fuzz(ctx: Ctx) -> dict[str, Any]:
-    """Hook for the ingress side: schemathesis over /openapi.json (checks not_a_server_error,
-    status_code_conformance, response_schema_conformance, content_type_conformance). Return
-    {"cases": N, "failures": F, ...}."""
-    return {"skipped": "schemathesis run not wired yet (ingress side of issue 13, item 9)"}
+    """schemathesis over the server's /openapi.json (bench/fuzz.py: checks not_a_server_error,
+    status_code_conformance, response_schema_conformance, content_type_conformance), positive and negative
+    cases per operation; a server with API keys is fuzzed with the first key of $RAYSCORE_API_KEYS."""
+    from bench.fuzz import run_fuzz
+
+    examples = max(5, 50 // ctx.scale)
+    key = (os.environ.get("RAYSCORE_API_KEYS") or "").split(",")[0].strip() or None
+    cases, failures = run_fuzz(ctx.url, examples, api_key=key)
+    return {"cases": cases, "failures": failures, "examples_per_operation_and_mode": examples}
 
 
 def flood(ctx: Ctx) -> dict[str, Any]:

@@ -73,13 +73,8 @@ class AppConfig(EngineFields):  # type: ignore[misc,valid-type]
     ingress_autoscaling: dict[str, Any] | None = Field(None, description="Serve autoscaling_config for the ingress.")
     ingress_num_cpus: float = Field(0.5, ge=0, description="Logical CPUs per ingress replica.")
 
-    # --- self-protection, enforced by the ingress (issue 13); each is named in the error it causes ---
-    max_top_logprobs: int = Field(100, ge=0, description="Largest top-k per position a request may ask "
-                                  "(/generate top_logprobs_num, OpenAI logprobs); 400 above it.")
-    max_logprob_entries: int = Field(204_800, gt=0, description="Most [value, token_id] entries one request may "
-                                     "return: rows x (1 + top-k), rows = scored input rows + generated tokens; "
-                                     "400 above it.")
-    max_request_bytes: int = Field(4 * MIB, gt=0, description="Largest HTTP request body, bytes; 413 above it.")
+    # --- enforced by the ingress (issue 13), each named in the error it causes; max_top_logprobs and
+    # max_logprob_entries (EngineFields) and max_request_bytes (above) are checked there too ---------------
     request_timeout_s: float | None = Field(600.0, gt=0, description="Seconds a request may take from arrival to "
                                             "its last byte; then it is aborted (504, or an error event "
                                             "mid-stream). null: no deadline.")
