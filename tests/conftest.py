@@ -55,21 +55,29 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def serve_url(smollm2_path: Path):
-    """One real local Ray cluster and Serve instance for the whole test session (see shared ray-notes):
-    8 logical CPUs so an ingress and several workers place on 2 cores, 2 fake GPUs for the placement test."""
+def ray_cluster(smollm2_path: Path):
+    """One real local Ray cluster for the whole test session (see shared ray-notes): 8 logical CPUs so an
+    ingress and several workers place on 2 cores, 2 fake GPUs for the placement test. Serve (serve_url) and
+    Ray Data (tests/test_batch_*.py) share it."""
+    import ray
+
+    ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": str(smollm2_path.parent)}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def serve_url(ray_cluster):
+    """One Serve instance on the session's cluster, on 127.0.0.1 and a free port, access logs off."""
     import socket
 
-    import ray
     from ray import serve
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": str(smollm2_path.parent)}})
     serve.start(http_options={"host": "127.0.0.1", "port": port},
                 logging_config={"enable_access_log": False})
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
-    ray.shutdown()
