@@ -68,7 +68,9 @@ def test_ids_start_windows_top_k_order_and_errors(tmp_path: Path, tiny_models: d
     rows.insert(6, {"id": "late-start", "meta": -2, "input_ids": [5, 6, 7], "n": 2})
     got = score(tmp_path, model, rows, Columns(ids="input_ids", start="n"), windows=WindowSpec(True, 16, 6),
                 top_k=2, batch_size=3, max_actors=2)
-    assert [r["id"] for r in got] == [r["id"] for r in rows]  # input order, over several batches and actors
+    # The input's order, over several batches, actors and output files.
+    assert [r["id"] for r in got] == [r["id"] for r in rows]
+    assert len(list((tmp_path / "out").glob("*.parquet"))) > 1
     for src, r in zip(rows, got, strict=True):
         assert (r["meta"], r["input_ids"], r["n"]) == (src["meta"], src["input_ids"], src["n"])
         ids, start = src["input_ids"], src["n"]
