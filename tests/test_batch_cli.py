@@ -86,17 +86,23 @@ def test_ids_with_a_start_column(ray_cluster, smollm2_path: Path, tmp_path: Path
         assert len(r["top_logprobs"]) == len(p) - 1 - i * 3 and len(r["top_logprobs"][0]) == 3
 
 
-def test_missing_column_fails_before_any_work(ray_cluster, tmp_path: Path) -> None:
+def test_missing_column_fails_before_any_work(ray_cluster, tmp_path: Path, capsys) -> None:
+    from deploy.batch_cli import main
+
     src = tmp_path / "in.jsonl"
     src.write_text('{"id": 1, "body": "no text column here"}\n')
-    proc = batch(ray_cluster, src, tmp_path / "out")
-    assert proc.returncode == 2
-    assert "no column 'text'" in proc.stderr and "'body'" in proc.stderr
+    assert main([str(src), str(tmp_path / "out"), "--config", str(CONFIG)]) == 2  # on the session's cluster
+    err = capsys.readouterr().err
+    assert "no column 'text'" in err and "'body'" in err
 
 
 @pytest.mark.parametrize("flags,message", [(["--window", "8", "--stride", "8"], "stride"),
-                                           (["--context-column", "c"], "continuation column")])
-def test_bad_flags_are_usage_errors(tmp_path: Path, flags: list[str], message: str) -> None:
-    proc = subprocess.run([str(SCRIPT), "in.jsonl", str(tmp_path / "out"), *flags], capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 2 and message in proc.stderr
+                                           (["--context-column", "c"], "continuation column"),
+                                           (["--context-column", "c", "--continuation-column", "x", "--window",
+                                             "64"], "scored whole")])
+def test_bad_flags_are_usage_errors(tmp_path: Path, capsys, flags: list[str], message: str) -> None:
+    from deploy.batch_cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["in.jsonl", str(tmp_path / "out"), *flags])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
