@@ -23,7 +23,7 @@ def scored_tokens(n: int, start: int, w: Windows) -> list[int]:
 def test_windows_score_each_token_once_in_order(n: int, size: int, stride: int, start: int) -> None:
     w = Windows(size, stride)
     assert scored_tokens(n, start, w) == list(range(start + 1, n))
-    for k, (begin, end, local) in enumerate(plan_windows(n, start, w)):
+    for begin, end, local in plan_windows(n, start, w):
         assert end - begin <= size and begin % stride == 0 and local >= 0
         # Past the first window, a scored token has at least size - stride tokens of context in its window.
         if begin > 0:
