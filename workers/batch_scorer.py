@@ -121,9 +121,10 @@ def build(job: BatchJob) -> Dataset:
     ctx = ray.data.DataContext.get_current()
     # Rows keep the input's order through the actor pool and into the output files.
     ctx.execution_options.preserve_order = True
-    ds = read_input(job.input, job.input_format)
+    fmt = job.input_format or input_format(job.input)
+    ds = read_input(job.input, fmt)
     job.columns.check(list(ds.schema().names))
-    if job.columns.ids is not None:
+    if job.columns.ids is not None and fmt == "csv":
         ids_col = job.columns.ids
         ds = ds.map_batches(lambda t: _parse_csv_ids(t, ids_col), batch_format="pyarrow", batch_size=None)
     return ds.map_batches(
