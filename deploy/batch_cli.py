@@ -71,8 +71,11 @@ def actor_bounds(cfg: AppConfig, lo: int | None, hi: int | None) -> tuple[int, i
     auto = cfg.worker_autoscaling or {}
     lo_cfg = max(1, int(auto.get("min_replicas", cfg.num_workers if not auto else 1)))
     hi_cfg = max(lo_cfg, int(auto.get("max_replicas", cfg.num_workers if not auto else lo_cfg)))
-    lo = lo if lo is not None else lo_cfg
-    return lo, max(lo, hi if hi is not None else hi_cfg)
+    if lo is None:
+        lo = lo_cfg if hi is None else min(lo_cfg, hi)
+    if hi is None:
+        hi = max(hi_cfg, lo)
+    return lo, hi  # lo > hi, both given: BatchJob says so
 
 
 def make_job(args: argparse.Namespace) -> Any:

@@ -1,5 +1,5 @@
-"""The `rayscore-batch` console script end to end on SmolLM2: a JSONL of texts (one a long document scored in
-windows of 512, stride 256) and a JSONL of ids with a start column, each row against transformers."""
+"""`rayscore-batch` end to end on SmolLM2: the console script on a JSONL of texts (one a long document scored in
+windows of 512, stride 256), its main() on a CSV of ids with a start column, each row against transformers."""
 
 from __future__ import annotations
 
@@ -71,14 +71,16 @@ def test_texts_and_a_long_document_in_windows(ray_cluster, smollm2_path: Path, t
     assert rows[2]["error"] == "row id='empty': the text is empty"
 
 
-def test_ids_with_a_start_column(ray_cluster, smollm2_path: Path, tmp_path: Path) -> None:
+def test_ids_from_csv_with_a_start_column(ray_cluster, smollm2_path: Path, tmp_path: Path) -> None:
+    from deploy.batch_cli import main
+
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 49152, (n,), generator=g).tolist() for n in (9, 30, 17)]
-    src = tmp_path / "ids.jsonl"
-    src.write_text("".join(json.dumps({"id": i, "input_ids": p, "n": i * 3}) + "\n" for i, p in enumerate(prompts)))
-    proc = batch(ray_cluster, src, tmp_path / "out", "--ids-column", "input_ids", "--start-column", "n",
-                 "--top-k", "3")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    src = tmp_path / "ids.csv"  # CSV has no lists: an ids cell is the JSON text of one
+    src.write_text("id,input_ids,n\n" + "".join(f'{i},"{json.dumps(p)}",{i * 3}\n' for i, p in enumerate(prompts)))
+    # In this process, on the session's cluster (the console script itself is the test above).
+    assert main([str(src), str(tmp_path / "out"), "--config", str(CONFIG), "--max-actors", "1", "--ids-column",
+                 "input_ids", "--start-column", "n", "--top-k", "3"]) == 0
     rows = pq.read_table(tmp_path / "out").to_pylist()
     for i, (p, r) in enumerate(zip(prompts, rows, strict=True)):
         assert r["id"] == i and r["error"] is None
@@ -106,3 +108,16 @@ def test_bad_flags_are_usage_errors(tmp_path: Path, capsys, flags: list[str], me
     with pytest.raises(SystemExit) as exc:
         main(["in.jsonl", str(tmp_path / "out"), *flags])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_config_and_pool_bounds_come_from_the_serve_yaml() -> None:
+    from deploy.batch_cli import actor_bounds, load_app_config
+    from deploy.config import AppConfig
+
+    cfg = load_app_config(CONFIG)
+    assert (cfg.num_workers, cfg.worker_num_cpus, cfg.kv_cache_mb) == (2, 0.5, 96)
+    assert actor_bounds(cfg, None, None) == (2, 2) and actor_bounds(cfg, None, 1) == (1, 1)
+    auto = AppConfig(worker_autoscaling={"min_replicas": 0, "max_replicas": 4})
+    assert actor_bounds(auto, None, None) == (1, 4) and actor_bounds(auto, 2, None) == (2, 4)
+    with pytest.raises(ValueError, match="no application named 'x'"):
+        load_app_config(CONFIG, "x")
