@@ -43,3 +43,18 @@ def test_a_row_rejected_in_a_later_window_leaves_nothing_behind(engine, tiny_mod
                                                                                     good[:9], 0), strict=True)) < 1e-4
     stats = engine.stats()
     assert stats["running"] == 0 and stats["waiting"] == 0 and stats["kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("row,message", [
+    (RowInput("id=1", text=42), "the text must be a string, got int"),
+    (RowInput("id=2", ids=["a", "b"]), "the ids must be a list of integers"),
+    (RowInput("id=3", ids=[5, 6, 7], start=-1), "the start must be a non-negative integer, got -1"),
+    (RowInput("id=4", text="a b c", start="x"), "the start must be a non-negative integer, got 'x'"),
+    (RowInput("", context="The quick", continuation=3.5), "the continuation must be a string, got float"),
+    (RowInput("", context="The quick", continuation=None), "the continuation is empty"),
+])
+def test_values_of_the_wrong_type_are_that_rows_error(engine, row: RowInput, message: str) -> None:
+    good = RowInput("id=0", ids=[5, 6, 7, 8], start=1.0)  # a whole float start (CSV, pandas) is accepted
+    results = RowScorer(engine, None).score([row, good])
+    assert results[0].error is not None and message in results[0].error
+    assert results[1].error is None and results[1].num_scored == 2

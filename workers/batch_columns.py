@@ -59,15 +59,20 @@ def read_rows(table: pa.Table, cols: Columns) -> list[RowInput]:
     for i in range(n):
         # Without an `id` column a row is known by its place in the output, which keeps the input's order.
         label = f"id={ids[i]!r}" if ids is not None else ""
-        start = get[cols.start][i] if cols.start else 0
         if cols.pair:
-            rows.append(RowInput(label, context=get[cols.context][i] or "",
-                                 continuation=get[cols.continuation][i] or ""))
-        elif cols.ids:
-            rows.append(RowInput(label, ids=get[cols.ids][i] or [], start=0 if start is None else int(start)))
+            rows.append(RowInput(label, context=_or_empty(get[cols.context][i]),
+                                 continuation=_or_empty(get[cols.continuation][i])))
+            continue
+        start = get[cols.start][i] if cols.start else 0
+        if cols.ids:
+            rows.append(RowInput(label, ids=get[cols.ids][i] or [], start=start))
         else:
-            rows.append(RowInput(label, text=get[cols.text][i] or "", start=0 if start is None else int(start)))
+            rows.append(RowInput(label, text=_or_empty(get[cols.text][i]), start=start))
     return rows
+
+
+def _or_empty(value: object) -> object:
+    return "" if value is None else value
 
 
 def result_columns(results: list[RowResult], top_k: int, pair: bool) -> dict[str, pa.Array]:

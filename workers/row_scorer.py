@@ -21,14 +21,15 @@ Top = list[tuple[float, int]]
 
 @dataclass(frozen=True)
 class RowInput:
-    """One row as read from the dataset: exactly one of ids, text or (context, continuation)."""
+    """One row as read from the dataset: exactly one of ids, text or (context, continuation). Values come as
+    the dataset holds them; RowScorer.plan checks their types (a wrong one is that row's error)."""
 
     label: str = ""  # how errors name the row, e.g. "id=17" (its `id` column); "" for none
-    ids: list[int] | None = None
-    text: str | None = None
-    context: str | None = None
-    continuation: str | None = None
-    start: int = 0
+    ids: list[object] | None = None
+    text: object = None
+    context: object = None
+    continuation: object = None
+    start: object = 0  # validated by RowScorer.plan: a non-negative integer (None: 0)
 
 
 @dataclass
@@ -76,10 +77,13 @@ class RowScorer:
 
     def plan(self, row: RowInput) -> RowPlan:
         if row.context is not None or row.continuation is not None:
-            return plan_pair(self.tokenize, row.context or "", row.continuation or "", self.max_len)
+            return plan_pair(self.tokenize, _text(row.context, "context"), _text(row.continuation, "continuation"),
+                             self.max_len)
         if row.ids is not None:
-            return plan_ids(list(row.ids), row.start, self.windows, self.max_len)
-        return plan_text(self.tokenize, row.text or "", row.start, self.windows, self.max_len)
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in row.ids):
+                raise RowError("the ids must be a list of integers")
+            return plan_ids(list(row.ids), _start(row.start), self.windows, self.max_len)
+        return plan_text(self.tokenize, _text(row.text, "text"), _start(row.start), self.windows, self.max_len)
 
     def score(self, rows: list[RowInput]) -> list[RowResult]:
         """One result per row, in order; a bad row gets `error` set and never affects the others."""
@@ -141,3 +145,22 @@ class RowScorer:
         return RowResult(num_tokens=plan.num_tokens, token_logprobs=values,
                          top_logprobs=tops if self.top_k else None,
                          is_greedy=greedy if plan.wants_greedy else None)
+
+
+def _text(value: object, name: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise RowError(f"the {name} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _start(value: object) -> int:
+    """The row's start N: an integer (CSV and pandas may hand it over as a whole float); null means 0."""
+    if value is None:
+        return 0
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise RowError(f"the start must be a non-negative integer, got {value!r}")
+    return value
