@@ -4,7 +4,8 @@
 
 Data: --rows prompts of 64-256 tokens of real text (bench/prompts.py), scored from N = 0, written as a JSONL of
 ids. Sides, one run each (this is a throughput figure for the README, not a test):
-- in-process: one LLMEngine (built untimed) scoring every row at once through workers/row_scorer.py;
+- in-process: one LLMEngine (built untimed) scoring every row at once through workers/row_scorer.py, run first
+  and again last (their mean is the figure: the load of a shared machine drifts during the run);
 - transformers: padded batches sorted by length (bench/baselines.py, the same token budget as workload 2);
 - pipeline: `rayscore-batch`'s pipeline (read_json -> map_batches on an actor pool -> write_parquet) on a local
   cluster of logical CPUs, with one actor of --threads threads, then two actors of --threads / 2 threads each.
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     prompts = make_prompts(model_path, args.rows)
     tokens = sum(len(p) for p in prompts)
     scored = tokens - len(prompts)
-    build_s, engine_s, ref = in_process(args.model, args.threads, prompts)
+    # The in-process engine runs first and last: on a shared machine the load drifts, and the two bracket it.
+    build_s, engine_first_s, ref = in_process(args.model, args.threads, prompts)
     hf_s = transformers_padded(model_path, prompts)
     # Logical CPUs: each actor asks for 1, the readers and writers find room beside them.
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
@@ -128,6 +130,9 @@ def main(argv: list[str] | None = None) -> None:
             two_s, _, _ = marginal(work, "two", args.model, prompts, 2, half, args.batch_size)
     finally:
         ray.shutdown()
+    _, engine_last_s, _ = in_process(args.model, args.threads, prompts)
+    print(f"in-process engine: {engine_first_s:.1f} s first, {engine_last_s:.1f} s last (load drift)")
+    engine_s = (engine_first_s + engine_last_s) / 2
     report(args, len(prompts), tokens, scored, build_s, engine_s, hf_s, one_s, one_wall, two_s, diff)
 
 
@@ -141,7 +146,9 @@ def report(args: Any, n: int, tokens: int, scored: int, build_s: float, engine_s
                    if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    print(f"# offline scoring, {date.today()}, {cpu}, {os.cpu_count()} CPUs, {args.threads} threads, {args.model}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"# offline scoring, {date.today()}, {cpu}, {os.cpu_count()} CPUs (load {load}), {args.threads} threads, "
+          f"{args.model}")
     print(f"{n} rows, {tokens} tokens ({scored} scored), map_batches batch_size {args.batch_size}")
     for name, r in rate.items():
         print(f"{name:<22} {r:8.1f} scored tok/s")
