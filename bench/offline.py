@@ -4,7 +4,8 @@
 
 Data: --rows prompts of 64-256 tokens of real text (bench/prompts.py), scored from N = 0, written as a JSONL of
 ids. Sides, one run each (this is a throughput figure for the README, not a test):
-- in-process: one LLMEngine (built untimed) scoring every row at once through workers/row_scorer.py, run first
+- in-process: one LLMEngine (built untimed; in a plain Ray task, no Ray Data) scoring every row at once through
+  workers/row_scorer.py, run first
   and again last (their mean is the figure: the load of a shared machine drifts during the run);
 - transformers: padded batches sorted by length (bench/baselines.py, the same token budget as workload 2);
 - pipeline: `rayscore-batch`'s pipeline (read_json -> map_batches on an actor pool -> write_parquet) on a local
@@ -52,9 +53,13 @@ def in_process(model: str, threads: int, prompts: list[list[int]]) -> tuple[floa
     return t1 - t0, t2 - t1, [r.token_logprobs or [] for r in results]
 
 
-def transformers_padded(model_path: Path, prompts: list[list[int]]) -> float:
+def transformers_padded(model_path: Path, prompts: list[list[int]], threads: int) -> float:
+    import torch
+
     from bench.baselines import load_transformers, score_padded
     from bench.workloads.short_scoring import HF_TOKEN_BUDGET
+
+    torch.set_num_threads(threads)
 
     hf = load_transformers(model_path)
     t0 = time.perf_counter()
@@ -106,31 +111,32 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     import ray
     import ray.data
-    import torch
 
-    torch.set_num_threads(args.threads)
     model_path = resolve_model_path(args.model)
     prompts = make_prompts(model_path, args.rows)
     tokens = sum(len(p) for p in prompts)
     scored = tokens - len(prompts)
-    # The in-process engine runs first and last: on a shared machine the load drifts, and the two bracket it.
-    build_s, engine_first_s, ref = in_process(args.model, args.threads, prompts)
-    hf_s = transformers_padded(model_path, prompts)
     # Logical CPUs: each actor asks for 1, the readers and writers find room beside them.
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k == "RAYSCORE_CACHE_DIR"}})
     ray.data.DataContext.get_current().enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+    # The in-process sides run in a Ray worker process too, so every side sees the same process setup (Ray's
+    # environment, nice level); on this shared machine a plain driver process measured several times slower.
+    local = ray.remote(num_cpus=1)(lambda f, *a: f(*a))
     try:
+        # The in-process engine runs first and last: on a shared machine the load drifts, and the two bracket it.
+        build_s, engine_first_s, ref = ray.get(local.remote(in_process, args.model, args.threads, prompts))
+        hf_s = ray.get(local.remote(transformers_padded, model_path, prompts, args.threads))
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             one_s, one_wall, one_out = marginal(work, "one", args.model, prompts, 1, args.threads, args.batch_size)
             diff = max_diff(one_out, ref)
             half = max(1, args.threads // 2)
             two_s, _, _ = marginal(work, "two", args.model, prompts, 2, half, args.batch_size)
+        _, engine_last_s, _ = ray.get(local.remote(in_process, args.model, args.threads, prompts))
     finally:
         ray.shutdown()
-    _, engine_last_s, _ = in_process(args.model, args.threads, prompts)
     print(f"in-process engine: {engine_first_s:.1f} s first, {engine_last_s:.1f} s last (load drift)")
     engine_s = (engine_first_s + engine_last_s) / 2
     report(args, len(prompts), tokens, scored, build_s, engine_s, hf_s, one_s, one_wall, two_s, diff)
