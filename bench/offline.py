@@ -5,8 +5,7 @@
 Data: --rows prompts of 64-256 tokens of real text (bench/prompts.py), scored from N = 0, written as a JSONL of
 ids. Sides, one run each (this is a throughput figure for the README, not a test):
 - in-process: one LLMEngine (built untimed; in a plain Ray task, no Ray Data) scoring every row at once through
-  workers/row_scorer.py, run first
-  and again last (their mean is the figure: the load of a shared machine drifts during the run);
+  workers/row_scorer.py, run first and again last (their mean is the figure: a shared machine's load drifts);
 - transformers: padded batches sorted by length (bench/baselines.py, the same token budget as workload 2);
 - pipeline: `rayscore-batch`'s pipeline (read_json -> map_batches on an actor pool -> write_parquet) on a local
   cluster of logical CPUs, with one actor of --threads threads, then two actors of --threads / 2 threads each.
