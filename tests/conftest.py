@@ -74,17 +74,25 @@ def metrics_url(serve_url: str, metrics_port: int) -> str:
 
 
 @pytest.fixture(scope="session")
-def serve_url(smollm2_path: Path, metrics_port: int):
-    """One real local Ray cluster and Serve instance for the whole test session (see shared ray-notes):
-    8 logical CPUs so an ingress and several workers place on 2 cores, 2 fake GPUs for the placement test."""
+def ray_cluster(smollm2_path: Path, metrics_port: int):
+    """One real local Ray cluster for the whole test session (see shared ray-notes): 8 logical CPUs so an
+    ingress and several workers place on 2 cores, 2 fake GPUs for the placement test. Serve (serve_url) and
+    Ray Data (tests/test_batch_*.py) share it."""
     import ray
+
+    ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
+             runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": str(smollm2_path.parent)}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def serve_url(ray_cluster):
+    """One Serve instance on the session's cluster, on 127.0.0.1 and a free port, access logs off."""
     from ray import serve
 
     port = _free_port()
-    ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
-             runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": str(smollm2_path.parent)}})
     serve.start(http_options={"host": "127.0.0.1", "port": port},
                 logging_config={"enable_access_log": False})
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
-    ray.shutdown()
