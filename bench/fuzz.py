@@ -83,9 +83,10 @@ def run_fuzz(base_url: str, max_examples: int, api_key: str | None = None) -> tu
     failure. `api_key` is sent as a bearer key when the server has keys."""
     import schemathesis
 
-    schema = schemathesis.openapi.from_url(base_url.rstrip("/") + "/openapi.json")
-    schema.config.update(base_url=base_url.rstrip("/"))
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    # With keys, the description itself needs the key (only /health is open).
+    schema = schemathesis.openapi.from_url(base_url.rstrip("/") + "/openapi.json", headers=headers or {})
+    schema.config.update(base_url=base_url.rstrip("/"))
     report = fuzz_schema(schema, max_examples, headers=headers)
     for failure in report.failures:
         print("fuzz failure:", failure)

@@ -18,9 +18,9 @@ from ingress.errors import IngressError, JSONAnswer, PayloadTooLarge
 from ingress.settings import IngressSettings
 
 ErrorBody = Callable[[IngressError], dict[str, Any]]
-# Reachable without a key: the health probe (load balancers, Serve's own checks) and the API's description,
-# which holds no data (so /docs works in a browser, and clients can read what they must send).
-OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+# Reachable without a key: only the health probe (load balancers, Serve's own checks). The API's description
+# (/docs, /openapi.json) needs a key too: it tells an outsider what this server runs; send the key to read it.
+OPEN_PATHS = frozenset({"/health"})
 TOO_LARGE = ("The request body is {size} bytes; this server accepts at most {limit} (config field "
              "`max_request_bytes`).")
 TOO_LARGE_STREAMED = ("The request body exceeds {limit} bytes, the most this server accepts (config field "

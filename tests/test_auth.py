@@ -1,4 +1,4 @@
-"""API keys (unit tests over the fake backend, and the config rules): every route but /health and the API docs
+"""API keys (unit tests over the fake backend, and the config rules): every route but /health
 needs `Authorization: Bearer <key>` once keys are set, the 401 has the route's error shape, keys never show,
 and a server bound to a non-loopback address without keys refuses to start unless it says so."""
 
@@ -69,14 +69,16 @@ async def test_openai_routes_answer_401_in_openai_shape(method: str, path: str, 
 
 
 @pytest.mark.asyncio
-async def test_a_valid_key_passes_and_health_and_docs_need_none(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_valid_key_passes_and_only_health_needs_none(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     async with client(keys=("other", KEY)) as c:
         r = await c.post("/generate", json=SCORE, headers=bearer(KEY))
         assert r.status_code == 200, r.text
         assert (await c.post("/generate", json=SCORE, headers={"authorization": f"bearer {KEY}"})).status_code == 200
         assert (await c.get("/health")).status_code == 200
-        assert (await c.get("/openapi.json")).status_code == 200
+        assert (await c.get("/openapi.json")).status_code == 401
+        assert (await c.get("/openapi.json", headers=bearer(KEY))).status_code == 200
+        assert (await c.get("/docs")).status_code == 401
         await c.post("/generate", json=SCORE, headers=bearer("bad-" + KEY))
     assert KEY not in caplog.text
 

@@ -19,14 +19,16 @@ KEY = "sk-fuzz"
 @pytest.mark.parametrize("keys", [(), (KEY,)], ids=["open", "keys"])
 def test_every_route_answers_as_documented(keys: tuple[str, ...]) -> None:
     app = build_fastapi_app(Backend(), IngressSettings(api_keys=keys, max_request_bytes=64 * 1024))
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
-    report = fuzz_schema(schema, max_examples=25, headers={"Authorization": f"Bearer {KEY}"} if keys else None)
+    headers = {"Authorization": f"Bearer {KEY}"} if keys else None
+    # With keys, the description needs the key too (only /health is open).
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, headers=headers or {})
+    report = fuzz_schema(schema, max_examples=25, headers=headers)
     assert report.cases >= 150
     assert report.failures == []
 
 
 def test_without_the_key_every_route_but_health_is_a_documented_401() -> None:
     app = build_fastapi_app(Backend(), IngressSettings(api_keys=(KEY,)))
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, headers={"Authorization": f"Bearer {KEY}"})
     report = fuzz_schema(schema, max_examples=5)
     assert report.cases >= 30 and report.failures == []
