@@ -22,9 +22,14 @@ from engine.attention import AttentionMetadata
 
 KEY_BLOCK = 64
 QUERY_TILE = 16
+# exp() is taken of max(score - row maximum, FLOOR): never a subnormal float32 nor -inf, which take x86's slow path
+# (100-500x slower, measured). A weight under exp(FLOOR) = 1.6e-38 of the maximum's is raised to it: a fixed
+# function of the row's own scores, far below float32 resolution. Masked keys get exactly 0 (a 0/1 factor).
+FLOOR = -87.0
 
-# (first active tile, masked tiles from there, their additive mask [masked, tile rows, KEY_BLOCK]) per key block.
-Block = tuple[int, int, torch.Tensor | None]
+# Per key block: the first active entry, how many entries from there have keys they must not see, and for those
+# the additive mask (0 / -inf) and the factor (1 / 0), [masked, tile rows, KEY_BLOCK].
+Block = tuple[int, int, torch.Tensor | None, torch.Tensor | None]
 KeyFn = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -47,9 +52,10 @@ def tile_rows(groups: int) -> int:
     return -(-groups // QUERY_TILE) * QUERY_TILE
 
 
-def _group(reqs: list[tuple[int, int, int, torch.Tensor]], groups: int, device: torch.device,
+def _group(reqs: list[tuple[int, int, int, torch.Tensor]], groups: int, repeat: int, device: torch.device,
            dtype: torch.dtype) -> TileGroup:
-    """reqs: (first flat token row, start, n, context slots) in non-decreasing position order."""
+    """reqs: (first flat token row, start, n, context slots) in non-decreasing position order. repeat: entries
+    per tile in the attention batch (the KV heads, when each tile has its own keys)."""
     qt = tile_rows(groups)
     rows, qpos, real, dest, slots = [], [], [], [], []
     num_tiles = 0
@@ -73,48 +79,59 @@ def _group(reqs: list[tuple[int, int, int, torch.Tensor]], groups: int, device: 
     for lo in range(0, max(hi_pos) + 1, KEY_BLOCK):
         t0 = bisect_left(hi_pos, lo)  # tiles that see a key of this block
         t1 = max(t0, bisect_left(lo_pos, lo + KEY_BLOCK - 1))  # from here on every row sees the whole block
-        bias = None
+        bias = keep = None
         if t1 > t0:
-            hidden = (lo + kpos)[None, None, :] > pos[t0:t1, :, None]
+            hidden = ((lo + kpos)[None, None, :] > pos[t0:t1, :, None]).repeat_interleave(repeat, 0)
             bias = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, float("-inf"))
-        blocks.append((t0, t1 - t0, bias))
+            keep = (~hidden).to(dtype)
+        blocks.append((t0 * repeat, (t1 - t0) * repeat, bias, keep))
     return TileGroup(torch.cat(rows), torch.cat(real), torch.cat(dest), torch.cat(slots), len(reqs), num_tiles,
                      blocks)
 
 
-def plan(meta: AttentionMetadata, groups: int, device: torch.device, dtype: torch.dtype) -> list[TileGroup]:
+def plan(meta: AttentionMetadata, groups: int, hkv: int, device: torch.device,
+         dtype: torch.dtype) -> list[TileGroup]:
     """The step's tile groups, built once and shared by every layer."""
     single, out = [], []
     for offset, start, n, ctx in zip(meta.offsets, meta.starts, meta.lens, meta.context_slots, strict=True):
         if n == 1:
             single.append((offset, start, n, ctx))
         elif n > 1:
-            out.append(_group([(offset, start, n, ctx)], groups, device, dtype))
+            out.append(_group([(offset, start, n, ctx)], groups, 1, device, dtype))
     if single:  # one tile each; by context length, so the tiles still to attend a key block are a suffix
-        out.append(_group(sorted(single, key=lambda r: r[1]), groups, device, dtype))
+        out.append(_group(sorted(single, key=lambda r: r[1]), groups, hkv if len(single) > 1 else 1, device,
+                          dtype))
     return out
 
 
-def online_softmax(q: torch.Tensor, keys: KeyFn, blocks: list[Block], repeat: int = 1) -> torch.Tensor:
-    """q: [N, rows, D] scaled queries, tiles in position order (each tile `repeat` consecutive entries);
-    keys(block, first entry) -> K, V [N - first, KEY_BLOCK, D]. Returns [N, rows, D]."""
+def online_softmax(q: torch.Tensor, keys: KeyFn, blocks: list[Block]) -> torch.Tensor:
+    """q: [N, rows, D] scaled queries, entries in position order; keys(block, first entry) -> K [N - first,
+    KEY_BLOCK, D] and V with a column of ones [N - first, KEY_BLOCK, D + 1] (its last output column sums the
+    weights: the denominator). Returns [N, rows, D]."""
     m = torch.full(q.shape[:2], float("-inf"), dtype=q.dtype, device=q.device)
-    denom = torch.zeros(q.shape[:2], dtype=q.dtype, device=q.device)
-    acc = torch.zeros_like(q)
-    for j, (t0, masked, bias) in enumerate(blocks):
-        b0 = t0 * repeat
+    acc = q.new_zeros(*q.shape[:2], q.shape[2] + 1)
+    for j, (b0, masked, bias, keep) in enumerate(blocks):
         k, v = keys(j, b0)
         s = torch.bmm(q[b0:], k.transpose(1, 2))  # [A, rows, KEY_BLOCK], one fixed shape per entry
-        if bias is not None:
-            s[:masked * repeat] += bias.repeat_interleave(repeat, 0) if repeat > 1 else bias
+        if masked:
+            s[:masked] += bias
         mj = m[b0:]
         m_new = torch.maximum(mj, s.amax(-1))
-        s.sub_(m_new[..., None]).exp_()
-        alpha = (mj - m_new).exp_()  # exactly 1 for a block the row does not see, 0 for the first block
-        denom[b0:].mul_(alpha).add_(s.sum(-1))
-        acc[b0:].mul_(alpha[..., None]).baddbmm_(s, v)
+        # Exactly 1 for a block the row does not see; tiny for the first block (times an accumulator of 0).
+        alpha = (mj - m_new).clamp_(min=FLOOR).exp_()
+        p = s.sub_(m_new[..., None]).clamp_(min=FLOOR).exp_()
+        if masked:
+            p[:masked] *= keep
+        acc[b0:].mul_(alpha[..., None]).baddbmm_(p, v)
         mj.copy_(m_new)
-    return acc / denom[..., None]
+    return acc[..., :-1] / acc[..., -1:]
+
+
+def _with_ones(v: torch.Tensor) -> torch.Tensor:
+    """[..., D] -> [..., D + 1], a column of ones appended."""
+    out = v.new_ones(*v.shape[:-1], v.shape[-1] + 1)
+    out[..., :-1] = v
+    return out
 
 
 class InvariantPagedAttention:
@@ -130,7 +147,7 @@ class InvariantPagedAttention:
         qt = tile_rows(g)
         tiles = meta.plans.get("invariant")
         if tiles is None:
-            tiles = meta.plans["invariant"] = plan(meta, g, q.device, q.dtype)
+            tiles = meta.plans["invariant"] = plan(meta, g, hkv, q.device, q.dtype)
         # Query rows per KV head, position-major then group: [Hkv, T * G, D] (head h*G + g reads KV head h).
         qf = (q * scale).view(t, hkv, g, d).permute(1, 0, 2, 3).reshape(hkv, t * g, d)
         of = torch.empty_like(qf)
@@ -149,13 +166,12 @@ class InvariantPagedAttention:
     def _shared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: list[Block]) -> torch.Tensor:
         """One request's tiles: q [Hkv, tiles, rows, D], k/v [L, Hkv, D]. Per KV head, the key block is
         broadcast to every tile (stride 0: no copy)."""
-        k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()  # [Hkv, L, D]
+        k, v = k.transpose(0, 1).contiguous(), _with_ones(v.transpose(0, 1))  # [Hkv, L, D], [Hkv, L, D + 1]
         out = torch.empty_like(q)
         for h in range(q.shape[0]):
             def keys(j: int, b0: int, h: int = h) -> tuple[torch.Tensor, torch.Tensor]:
                 lo, n = j * KEY_BLOCK, q.shape[1] - b0
-                return (k[h, lo:lo + KEY_BLOCK].expand(n, KEY_BLOCK, -1),
-                        v[h, lo:lo + KEY_BLOCK].expand(n, KEY_BLOCK, -1))
+                return (k[h, lo:lo + KEY_BLOCK].expand(n, -1, -1), v[h, lo:lo + KEY_BLOCK].expand(n, -1, -1))
             out[h] = online_softmax(q[h], keys, blocks)
         return out
 
@@ -164,12 +180,12 @@ class InvariantPagedAttention:
         """One tile per request: q [Hkv, R, rows, D], k/v [R, L, Hkv, D]. Entries (request, KV head), request-major,
         so a key block is a strided view of [R, Hkv, L, D] for every head at once."""
         hkv = q.shape[0]
-        k, v = k.permute(0, 2, 1, 3).contiguous(), v.permute(0, 2, 1, 3).contiguous()  # [R, Hkv, L, D]
+        k, v = k.permute(0, 2, 1, 3).contiguous(), _with_ones(v.permute(0, 2, 1, 3))  # [R, Hkv, L, D (+ 1)]
         qr = q.transpose(0, 1).reshape(-1, q.shape[2], q.shape[3])  # [R * Hkv, rows, D]
 
         def keys(j: int, b0: int) -> tuple[torch.Tensor, torch.Tensor]:
-            lo, r0 = j * KEY_BLOCK, b0 // hkv
+            lo, r0 = j * KEY_BLOCK, b0 // hkv  # the plan counted entries (request, KV head)
             return (k[r0:, :, lo:lo + KEY_BLOCK].flatten(0, 1), v[r0:, :, lo:lo + KEY_BLOCK].flatten(0, 1))
 
-        o = online_softmax(qr, keys, blocks, repeat=hkv)
+        o = online_softmax(qr, keys, blocks)
         return o.view(-1, hkv, q.shape[2], q.shape[3]).transpose(0, 1)
