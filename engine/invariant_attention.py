@@ -3,11 +3,13 @@ wherever the chunk boundaries fall and however long the context behind it is.
 
 torch's fused CPU attention blocks keys by the key length, and a matmul's bits follow its row count. Here every
 query attends its keys in blocks of KEY_BLOCK from position 0, in order (online softmax), and every matmul has
-one fixed shape: QUERY_TILE query rows (the query heads of a KV group x positions, padded) against one key block.
-A row's bits then depend on its own query and keys only: rows are independent in a matmul of fixed shape, max and
-sum run along the row, and a block past a query's position (masked to -inf) adds exact zeros with factor 1.
-Plain torch ops only, so it runs on CUDA too (bitwise invariance there rests on cuBLAS batched GEMM choosing the
-same kernel for the same per-item shape).
+one fixed shape: QUERY_TILE query rows (the query heads of a KV group x positions, padded) against one key block,
+batched over tiles with torch.bmm (an item's bits do not follow the batch count at these shapes: K = head_dim or
+KEY_BLOCK is never split; tested). A row's bits then depend on its own query and keys only: rows are independent
+in a matmul of fixed shape, the max runs along the row, and a block past a query's position (masked) adds exact
+zeros with factor exp(0) = 1. So a prefill tile that runs more blocks than a decode step gives the same bits.
+Plain torch ops only, so it runs on CUDA too (bitwise invariance there rests on cuBLAS choosing the same kernel
+for the same per-item shape: unchecked, no GPU here).
 """
 
 from __future__ import annotations
