@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,8 @@ class AttentionMetadata:
     # each request's first row in the flat batch.
     others: list[int] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    # A backend's own per-step layout, built at the first layer and reused by the others (by backend name).
+    plans: dict[str, Any] = field(default_factory=dict)
 
     def finalize(self, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         offsets, offset = [], 0

@@ -42,6 +42,10 @@ class EngineConfig:
     # Off: cached blocks are reused only before the scoring boundary N (SGLang's rule).
     hidden_state_store: bool = _doc(True, "Keep each cached position's hidden state so scoring rows in cached "
                                     "blocks skip the transformer; off: reuse only before N.")
+    # engine/invariant.py: fixed matmul tiles, block attention from position 0, tiled log-softmax, no shortcut.
+    batch_invariant: bool = _doc(False, "Batch-invariant mode: a request's values have the same float bits whatever "
+                                 "else runs, wherever its chunks fall and whatever is cached (slower: "
+                                 "bench/invariant_cost.py).")
     max_model_len: int | None = _doc(None, "Longest prompt + generation; default: the model's.")
     # Ray sets OMP_NUM_THREADS=1 in small actors, so a worker sets this from its CPU count (deploy/config.py).
     num_threads: int | None = _doc(None, "torch intra-op threads; default: torch's own.")

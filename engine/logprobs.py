@@ -8,13 +8,31 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from engine.models.linear import ROW_TILE
 from engine.outputs import TokenLogprob
 
 
-def row_scores(logits: torch.Tensor, mode: str) -> torch.Tensor:
-    """Per-token values in the engine's logprobs mode, in float32, from raw logits: [R, V] -> [R, V]."""
+def row_scores(logits: torch.Tensor, mode: str, invariant: bool = False) -> torch.Tensor:
+    """Per-token values in the engine's logprobs mode, in float32, from raw logits: [R, V] -> [R, V].
+    invariant: log-softmax in fixed tiles of rows (batch-invariant mode)."""
     logits = logits.float()
-    return F.log_softmax(logits, dim=-1) if mode == "raw_logprobs" else logits
+    if mode != "raw_logprobs":
+        return logits
+    return tiled_log_softmax(logits) if invariant else F.log_softmax(logits, dim=-1)
+
+
+def tiled_log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last axis of [R, V], ROW_TILE rows per call (the last tile padded), so a row's bits do
+    not follow R on any device. (torch's CPU kernel is already row-wise; this holds it to that by construction.)"""
+    n = logits.shape[0]
+    out = torch.empty_like(logits)
+    for lo in range(0, n, ROW_TILE):
+        hi = min(lo + ROW_TILE, n)
+        tile = logits[lo:hi]
+        if hi - lo < ROW_TILE:
+            tile = torch.cat([tile, tile.new_zeros(ROW_TILE - (hi - lo), tile.shape[1])])
+        out[lo:hi] = F.log_softmax(tile, dim=-1)[:hi - lo]
+    return out
 
 
 def top_k_rows(values: torch.Tensor, ks: list[int]) -> list[list[TokenLogprob] | None]:
@@ -28,12 +46,13 @@ def top_k_rows(values: torch.Tensor, ks: list[int]) -> list[list[TokenLogprob] |
 
 
 def score_rows(hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor,
-               ks: list[int], mode: str, rows_per_block: int
+               ks: list[int], mode: str, rows_per_block: int, invariant: bool = False
                ) -> tuple[list[TokenLogprob], list[list[TokenLogprob] | None], torch.Tensor]:
     """hidden: [R, hidden] pre-norm rows; compute_logits: the model's final norm + LM head over some rows;
     targets: [R] the token each row scores.
     Returns per row (value, target), its top-k list (None where its k is 0), and [R] float32 log-sum-exp of
-    its raw logits (kept by the caller so a later score of the same position needs no projection)."""
+    its raw logits (kept by the caller so a later score of the same position needs no projection).
+    invariant: batch-invariant mode (the LM head is tiled by its own flag; log-softmax tiled here)."""
     values: list[TokenLogprob] = []
     tops: list[list[TokenLogprob] | None] = []
     lses: list[torch.Tensor] = []
@@ -42,7 +61,7 @@ def score_rows(hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], to
         logits = compute_logits(hidden[lo:hi]).float()  # [rows, V]: the only vocab-wide buffers
         # torch's float32 log_softmax, as transformers users compute it: `logits - logsumexp` is as accurate but
         # rounds differently (~2.5e-5 on a 49k vocabulary), which adds up over a multi-token continuation.
-        scores = row_scores(logits, mode)
+        scores = row_scores(logits, mode, invariant)
         # The log-sum-exp kept for the shortcut is the one log_softmax used, so shortcut rows match it too.
         lses.append(logits[:, 0] - scores[:, 0] if mode == "raw_logprobs" else torch.logsumexp(logits, dim=-1))
         t = targets[lo:hi]

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention import AttentionMetadata, TorchPagedAttention
+from engine.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from engine.config import EngineConfig
+from engine.invariant import set_batch_invariant
+from engine.invariant_attention import InvariantPagedAttention
 from engine.logprobs import row_scores, top_k_rows
 from engine.models import CausalLM
 from engine.outputs import TokenLogprob
@@ -87,7 +89,9 @@ class ModelRunner:
         self.config = config
         self.device = device
         self.block_size = config.block_size
-        self.backend = TorchPagedAttention()
+        self.invariant = config.batch_invariant
+        set_batch_invariant(model, self.invariant)
+        self.backend: AttentionBackend = InvariantPagedAttention() if self.invariant else TorchPagedAttention()
         num_slots = num_blocks * self.block_size
         shape = (num_slots, model.num_kv_heads, model.head_dim)
         # One [slots, Hkv, D] tensor per layer for K and for V; slot = block * block_size + offset.
@@ -101,7 +105,7 @@ class ModelRunner:
         self.hidden_store = (torch.zeros(num_slots, model.hidden_size, dtype=model.dtype, device=device)
                              if store else None)
         self.scorer = RowScorer(model, config.logprobs_mode, config.score_rows_per_block, num_slots, device,
-                                lse_store=store)
+                                lse_store=store, batch_invariant=self.invariant)
 
     @staticmethod
     def bytes_per_block(model: CausalLM, block_size: int) -> int:
@@ -225,7 +229,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[torch.tensor([r for r, _ in rows], device=self.device)]).float()
         tokens = sample(logits, [s.params for s in seqs], [generators[s.request_id] for s in seqs])
         want = [s.params.return_logprob for s in seqs]
-        values = row_scores(logits, self.config.logprobs_mode) if any(want) else None
+        values = row_scores(logits, self.config.logprobs_mode, self.invariant) if any(want) else None
         picked = values.gather(1, tokens[:, None])[:, 0].tolist() if values is not None else None
         tops = top_k_rows(values, [s.params.top_logprobs_num if s.params.return_logprob else 0 for s in seqs]) \
             if values is not None else [None] * len(seqs)

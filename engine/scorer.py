@@ -1,6 +1,10 @@
 """Scoring rows: the compact, block-wise projection, plus a per-position log-sum-exp store so that a row whose
 log-sum-exp is already known (a cached position scored before) costs one dot product instead of a vocab-wide
-projection: logprob(t) = h . W[t] - logsumexp(h . W). Exact either way (float32)."""
+projection: logprob(t) = h . W[t] - logsumexp(h . W). Exact either way (float32).
+
+Batch-invariant mode never takes the shortcut: its dot product and subtraction round unlike the tiled projection's
+log-softmax, so a row's bits would follow whether its position was cached. Cached rows still come from the
+hidden-state store, whose rows have the fresh rows' bits in that mode."""
 
 from __future__ import annotations
 
@@ -13,11 +17,12 @@ from engine.outputs import TokenLogprob
 
 class RowScorer:
     def __init__(self, model: CausalLM, mode: str, rows_per_block: int, num_slots: int, device: torch.device,
-                 lse_store: bool) -> None:
+                 lse_store: bool, batch_invariant: bool = False) -> None:
         self.model, self.mode, self.rows_per_block = model, mode, rows_per_block
+        self.invariant = batch_invariant
         # NaN = unknown. Only raw_logprobs needs it: raw_logits rows are a dot product already.
         self.lse = (torch.full((num_slots,), float("nan"), dtype=torch.float32, device=device)
-                    if lse_store and mode == "raw_logprobs" else None)
+                    if lse_store and mode == "raw_logprobs" and not batch_invariant else None)
 
     def forget(self, slots: torch.Tensor) -> None:
         """Slots computed anew hold new content: their old log-sum-exp no longer applies."""
@@ -32,7 +37,9 @@ class RowScorer:
         need_k = torch.tensor([k > 0 for k in ks], device=device, dtype=torch.bool)
         values: list[TokenLogprob | None] = [None] * len(ks)
         tops: list[list[TokenLogprob] | None] = [None] * len(ks)
-        if self.mode == "raw_logits":
+        if self.invariant:
+            self._full(hidden, targets, ks, slots, torch.ones_like(cached), values, tops)
+        elif self.mode == "raw_logits":
             self._full(hidden, targets, ks, slots, ~cached | need_k, values, tops)
             self._fast(hidden, targets, slots, cached & ~need_k, values)
         elif self.lse is not None:
@@ -54,7 +61,7 @@ class RowScorer:
             return
         sel = rows.tolist()
         v, t, lse = score_rows(hidden[rows], self.model.compute_logits, targets[rows], [ks[i] for i in sel],
-                               self.mode, self.rows_per_block)
+                               self.mode, self.rows_per_block, self.invariant)
         for j, i in enumerate(sel):
             values[i], tops[i] = v[j], t[j]
         if self.lse is not None:

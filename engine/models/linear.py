@@ -5,6 +5,9 @@ Measured on a 2-core AVX2 EPYC (torch 2.13, 2 threads): oneDNN's inner product r
 AVX-512 Xeon the LM head gains less (1.0-1.3x, 16-512 rows) but never loses. Only the LM head
 uses it: through 30 layers its different summation order moved SmolLM2's logprobs by up to 1.4e-4 from the
 transformers forward (aten: 1.9e-5), past the 1e-4 the engine is held to; on the LM head alone, 3.8e-5.
+
+Batch-invariant mode (issue 17) runs every matmul in fixed tiles of ROW_TILE rows: MKL gives a row different bits
+when the call has fewer than 16 rows (~3e-5 apart), so a row's bits would follow how many rows shared its step.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from torch import nn
 _ONEDNN = torch.backends.mkldnn.is_available()
 # Layers at least this wide (the LM head) take oneDNN, whatever the rows.
 MIN_WIDE_FEATURES = 8192
+# Rows per matmul in batch-invariant mode: every call has this exact shape, so a row's bits depend on its own
+# values only (not on the row count, nor on its place in the tile: measured for MKL and oneDNN).
+ROW_TILE = 64
 
 
 def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -29,6 +35,34 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """linear() over fixed tiles of ROW_TILE rows, the last one zero-padded: each output row has the same bits
+    whatever the number of rows and its offset. x: [..., in] -> [..., out]."""
+    lead, width = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, width)
+    n = x2.shape[0]
+    rows = -(-n // ROW_TILE) * ROW_TILE
+    # A fresh, padded copy: every tile starts on an allocator-aligned address, whatever view x was.
+    xp = x2.new_zeros(rows, width)
+    xp[:n] = x2
+    out = x2.new_empty(rows, weight.shape[0])
+    wide = use_onednn(xp, weight)
+    for lo in range(0, rows, ROW_TILE):
+        xt, ot = xp[lo:lo + ROW_TILE], out[lo:lo + ROW_TILE]
+        if wide:
+            ot.copy_(linear(xt, weight, bias))
+        elif bias is not None:  # F.linear's own calls, written in place
+            torch.addmm(bias, xt, weight.t(), out=ot)
+        else:
+            torch.mm(xt, weight.t(), out=ot)
+    return out[:n].view(*lead, weight.shape[0])
+
+
 class Linear(nn.Linear):
+    # Set by engine.invariant.set_batch_invariant.
+    batch_invariant: bool = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_invariant:
+            return tiled_linear(x, self.weight, self.bias)
         return linear(x, self.weight, self.bias)

@@ -63,6 +63,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    # Set by engine.invariant.set_batch_invariant.
+    batch_invariant: bool = False
+
     def __init__(self, cfg: Any) -> None:
         super().__init__()
         bias = bool(getattr(cfg, "mlp_bias", False))
@@ -70,6 +73,7 @@ class MLP(nn.Module):
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
         self.act = ACT2FN[cfg.hidden_act]
+        self.silu = cfg.hidden_act in ("silu", "swish")
         self.intermediate_size = cfg.intermediate_size
         self.gate_up_proj: Linear | None = None
 
@@ -81,7 +85,18 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert self.gate_up_proj is not None, "fuse() after loading the weights"
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(self.act(gate).mul_(up))
+        if self.batch_invariant and self.silu:
+            act = invariant_silu(gate)
+        else:
+            act = self.act(gate)
+        return self.down_proj(act.mul_(up))
+
+
+def invariant_silu(x: torch.Tensor) -> torch.Tensor:
+    """SiLU whose bits do not depend on the element's place in the tensor: torch's CPU F.silu (and sigmoid) rounds
+    its scalar tail unlike its vector lanes, so a row's bits could follow the row count or the thread split; exp
+    (vectorized tail included), add and div round the same everywhere."""
+    return x / (1.0 + torch.exp(-x))
 
 
 def _fused(parts: list[Linear]) -> Linear:
