@@ -1,10 +1,11 @@
 """Batch-invariant mode (issue 17): the switch.
 
 With the mode on, a request's values have the same float bits whatever else runs in its steps, wherever its
-chunks start and end and whatever is cached: every matmul runs in fixed tiles of ROW_TILE rows (models/linear.py),
-the MLP's SiLU avoids torch's CPU kernel whose scalar tail rounds unlike its vector lanes (models/llama.py),
-attention reduces keys in fixed blocks from position 0 (invariant_attention.py), log-softmax runs in fixed tiles
-of rows (logprobs.py) and the scorer never takes the log-sum-exp shortcut (scorer.py).
+chunks start and end and whatever is cached: every matmul has at least MIN_ROWS rows on CPU and fixed tiles
+elsewhere (models/linear.py), the MLP's SiLU avoids torch's CPU kernel whose scalar tail rounds unlike its vector
+lanes (models/llama.py), attention reduces keys in fixed blocks from position 0 (invariant_attention.py),
+log-softmax runs in fixed tiles of rows (logprobs.py) and the scorer never takes the log-sum-exp shortcut
+(scorer.py).
 
 ModelRunner switches it on from EngineConfig.batch_invariant, once, after loading the model:
     set_batch_invariant(model, True)                    # linears (layers and LM head), MLP activation

@@ -20,7 +20,7 @@ from ray import serve
 from tests.conftest import hf_scores
 from tests.serve_helpers import deploy, ids_of, sse_events
 
-NEEDLE = ids_of(120, 1717)
+NEEDLE = ids_of(300, 1717)  # longer than one attention key block
 SCORE = {"input_ids": NEEDLE, "max_tokens": 0, "return_logprob": True, "logprob_start_len": 3,
          "top_logprobs_num": 4}
 GREEDY = {"input_ids": NEEDLE, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True, "return_logprob": True,
