@@ -22,7 +22,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 
-KEY_BLOCK = 256
+KEY_BLOCK = 128
 QUERY_TILE = 16
 # exp() is taken of max(score - row maximum, FLOOR): never a subnormal float32 nor -inf, which take x86's slow path
 # (100-500x slower, measured). A weight under exp(FLOOR) = 1.6e-38 of the maximum's is raised to it: a fixed
