@@ -26,13 +26,14 @@ def test_serve_backpressure_is_503_with_retry_after_at_once(serve_url: str) -> N
               name=app, route_prefix="/backpressure", blocking=False)
     wait_ready(app)
     try:
-        long = {"prompt": "Count:", "max_tokens": 300, "ignore_eos": True}
+        # Long enough to still run when the refused requests arrive (~1 s later): seconds on any CPU.
+        long = {"prompt": "Count:", "max_tokens": 150, "ignore_eos": True}
         held: list[httpx.Response] = []
         threads = [threading.Thread(target=lambda: held.append(httpx.post(url + "/generate", json=long, timeout=300)))
                    for _ in range(2)]  # one runs, one waits in Serve's queue
         for t in threads:
             t.start()
-            time.sleep(1.0)
+            time.sleep(0.5)
         refused = []
         for path, body in (("/generate", long), ("/v1/completions", {"prompt": "Count:", "max_tokens": 5})):
             t0 = time.monotonic()

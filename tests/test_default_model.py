@@ -7,7 +7,6 @@ warm cache skips it) and loaded once more through transformers as the reference.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -50,9 +49,10 @@ ROUNDTRIP_TEXTS = list(DIGIT_CASES) + NO_DIGIT_TEXTS + ["3.14159 and  42, 1e-5 o
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    env = os.environ.get("RAYSCORE_CACHE_DIR")
-    return Path(env) if env else tmp_path_factory.mktemp("rayscore-cache")
+def cache_dir(smollm2_path: Path) -> Path:
+    """The session's cache: conftest's smollm2_path converted the GGUF there (on a clean machine, as CI's, that is
+    the conversion these tests check; converting it a second time would add ~40 s and check nothing more)."""
+    return smollm2_path.parent
 
 
 @pytest.fixture(scope="module")
