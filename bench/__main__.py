@@ -4,6 +4,7 @@
     python -m bench list
     python -m bench limits [...]        what the largest request costs a worker (bench/limits.py)
     python -m bench reliability [...]   flood, worker kill, drain, abandon against a server (bench/reliability.py)
+    python -m bench long_prefill [...]  a short request during a long prefill, per threshold (bench/long_prefill.py)
 
 Workloads (default: all, in this order): long (1 long scoring, MFU, bf16, memory), short (2 many short scoring
 requests), mc (3 multiple choice with shared contexts), gen (4 generation), http (5 over HTTP, one and two
@@ -50,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # Commands with their own arguments, each in its own module.
-_TOOLS = {"limits": "bench.limits", "reliability": "bench.reliability"}
+_TOOLS = {"limits": "bench.limits", "reliability": "bench.reliability",
+          "long_prefill": "bench.long_prefill"}
 
 
 def main(argv: list[str] | None = None) -> None:
