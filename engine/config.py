@@ -31,6 +31,12 @@ class EngineConfig:
     max_num_batched_tokens: int = _doc(2048, "Token budget of one engine step (prefill chunks + one per "
                                        "decoding request).")
     max_num_seqs: int = _doc(64, "Most requests in one engine step.")
+    # vLLM's knob of the same name; here the budget left after everyone's turn goes back to the long prefill,
+    # so one alone still fills the step. Figures: bench/long_prefill.py.
+    long_prefill_token_threshold: int | None = _doc(None, "Most tokens one request's prefill takes in a step "
+                                                    "before the other requests have had theirs (the budget left "
+                                                    "then goes back to it): a short request is not held behind a "
+                                                    "long prompt. Default: max_num_batched_tokens / 4.")
     # The LM head + log-softmax of scoring runs over blocks of this many rows: the extra memory of
     # scoring is bounded by score_rows_per_block x vocab floats whatever the prompt length.
     score_rows_per_block: int = _doc(256, "Rows per LM-head block when scoring: bounds scoring's extra memory "
@@ -76,7 +82,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_top_logprobs < 0:
             raise ValueError(f"max_top_logprobs must be non-negative, got {self.max_top_logprobs}")
-        for name in ("num_kv_blocks", "max_model_len", "num_threads"):
+        for name in ("num_kv_blocks", "max_model_len", "num_threads", "long_prefill_token_threshold"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive when set, got {value}")

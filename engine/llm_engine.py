@@ -43,7 +43,8 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
-                                   hidden_state_store=config.hidden_state_store)
+                                   hidden_state_store=config.hidden_state_store,
+                                   long_prefill_token_threshold=config.long_prefill_token_threshold)
         self.runner = ModelRunner(self.model, config, self.device, num_blocks)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.seqs: dict[str, Sequence] = {}

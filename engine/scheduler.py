@@ -1,4 +1,10 @@
-"""Continuous batching: each step, one token per decoding request plus prefill chunks, within budgets."""
+"""Continuous batching: each step, one token per decoding request plus prefill chunks, within budgets.
+
+A long prefill never takes the whole step while others wait: each request's chunk is first capped at
+long_prefill_token_threshold, and the budget left after everyone had a turn goes back to the capped chunks,
+fewest tokens left first. A request that arrives during a long prefill is computed in the next step (whole if
+it fits the budget the long one leaves); a long prefill alone still fills the whole budget.
+"""
 
 from __future__ import annotations
 
@@ -33,10 +39,12 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
-                 hidden_state_store: bool = True) -> None:
+                 hidden_state_store: bool = True, long_prefill_token_threshold: int | None = None) -> None:
         self.kv = kv
         self.hidden_state_store = hidden_state_store
         self.max_num_batched_tokens = max_num_batched_tokens
+        # A request's first share of a step; None: a quarter of the budget (EngineConfig's default).
+        self.chunk_cap = long_prefill_token_threshold or max(1, max_num_batched_tokens // 4)
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest first: the newest is preempted first
@@ -55,8 +63,13 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:  # a step that had to preempt admits nobody new
-            self._schedule_waiting(out, budget)
+            budget = self._schedule_waiting(out, budget)
+        self._extend_capped(out, budget)
         return out
+
+    def _first_share(self, seq: Sequence, budget: int) -> int:
+        """Tokens a request gets before everyone else scheduled this step has had a turn."""
+        return min(seq.num_tokens - seq.num_computed_tokens, budget, self.chunk_cap)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Running requests, oldest first: decodes and the next chunks of chunked prefills. When the KV cache is
@@ -65,7 +78,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self._first_share(seq, budget)
             while not self.kv.allocate(seq, n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -77,8 +90,9 @@ class Scheduler:
             i += 1
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        """Waiting requests, first come first served, while the budgets and the KV cache allow."""
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Waiting requests, first come first served, while the budgets and the KV cache allow. Returns the token
+        budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             first = seq.scheduled_time is None
@@ -87,11 +101,11 @@ class Scheduler:
                 if first:
                     seq.num_cached_tokens = cached
             # May be 0: a scoring request whose whole prompt is cached runs no layer at all.
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self._first_share(seq, budget)
             if not self.kv.allocate(seq, n):
                 self.kv.free(seq)  # don't sit on cached blocks while waiting
                 seq.num_computed_tokens = 0
-                return
+                return budget
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             if first:
@@ -99,6 +113,25 @@ class Scheduler:
             self.running.append(seq)
             self._add_chunk(out, seq, n)
             budget -= n
+        return budget
+
+    def _extend_capped(self, out: SchedulerOutput, budget: int) -> None:
+        """Give the budget left to the chunks cut at the cap, fewest tokens left first (ties: oldest first), so
+        the requests nearest their end finish soonest; while the KV cache allows, never preempting for it. Their
+        new full blocks are registered at once, like any scheduled block."""
+        def left(c: ScheduledChunk) -> int:
+            return c.seq.num_tokens - c.start - c.num_tokens
+
+        for chunk in sorted(out.chunks, key=left):  # stable: batch order (oldest first) among equals
+            if budget <= 0:
+                return
+            seq = chunk.seq
+            extra = min(left(chunk), budget)
+            if extra <= 0 or not self.kv.allocate(seq, chunk.num_tokens + extra):
+                continue
+            chunk.num_tokens += extra
+            self.kv.cache_full_blocks(seq, chunk.start + chunk.num_tokens)
+            budget -= extra
 
     def _add_chunk(self, out: SchedulerOutput, seq: Sequence, num_tokens: int) -> None:
         out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, num_tokens))

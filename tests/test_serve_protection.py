@@ -24,7 +24,8 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def url(serve_url: str) -> str:
-    # 256-token steps: the large request's prefill takes 8 steps, so a small one sent during it ends first.
+    # 256-token steps: the large request's prefill takes 8 steps, so a small one sent during it ends first
+    # (each step the large one takes at most 64 tokens before the others: long_prefill_token_threshold).
     deploy(APP, PREFIX, app_args(num_workers=1, max_queued_tokens=QUEUED_TOKENS, max_num_batched_tokens=256))
     yield serve_url + PREFIX
     serve.delete(APP)
@@ -98,6 +99,24 @@ def test_a_small_request_ends_before_a_long_generation_that_started_first(url: s
     assert small_done < gen["done"], "the small request should have finished first"
     assert r.status_code == 200 and _exact(r.json()["meta_info"]["input_token_logprobs"], small_ids, smollm2_path)
     assert [line for line in gen["r"] if line][-1] == "data: [DONE]"
+
+
+def test_a_small_request_ends_before_a_long_scoring_prefill_that_started_first(url: str, smollm2_path) -> None:
+    """A long prompt's prefill does not take whole steps while another request waits
+    (long_prefill_token_threshold): the small one is computed in the next step, not after the long one."""
+    long_ids, small_ids = ids_of(2001, 14), ids_of(9, 15)
+    t, long = _in_thread(lambda: httpx.post(url + "/generate", json=score_body(long_ids, 0), timeout=600))
+    deadline = time.monotonic() + 120
+    while _worker().stats.remote().result(timeout_s=60).running == 0:
+        assert time.monotonic() < deadline and t.is_alive(), "the long request never started"
+        time.sleep(0.02)
+    r = httpx.post(url + "/generate", json=score_body(small_ids, 0), timeout=120)
+    small_done = time.monotonic()
+    t.join(600)
+    assert small_done < long["done"], "the small request should have finished first"
+    assert r.status_code == 200 and _exact(r.json()["meta_info"]["input_token_logprobs"], small_ids, smollm2_path)
+    assert long["r"].status_code == 200
+    assert _exact(long["r"].json()["meta_info"]["input_token_logprobs"], long_ids, smollm2_path)
 
 
 def test_flood_beyond_the_queue_is_refused_and_accepted_stay_exact(url: str, smollm2_path) -> None:
