@@ -1,6 +1,6 @@
 """Batch-invariant mode over HTTP (issue 17): configs/invariant.yaml's application on the session's real Ray
 cluster. A scoring request with top-k and a greedy generation return the same bits, as served in JSON, alone (cold
-and warm), streamed, and amid concurrent random load, from another worker process than the first answer's.
+and warm), streamed, and amid concurrent random load (two clients), from another worker process than the first answer's.
 
 The first answers come from a one-worker app; the rest from a second app of two workers (other processes), while
 random scoring and generation requests hit it. Resources are scaled down to the test machine (one thread per
@@ -95,13 +95,13 @@ def test_amid_concurrent_load_on_other_workers(first: dict[str, str], serve_url:
     deploy("invariant-b", "/inv-b", invariant_args(num_workers=2))
     url = serve_url + "/inv-b"
     stop, errors = threading.Event(), []
-    load = [threading.Thread(target=_load, args=(url, stop, seed, errors)) for seed in range(3)]
+    load = [threading.Thread(target=_load, args=(url, stop, seed, errors)) for seed in range(2)]
     try:
         for t in load:
             t.start()
         got = []
-        for i in range(3):  # cold on its worker first, then warm; streamed or not
-            got += [("score", served(url, SCORE, stream=i == 1)), ("greedy", served(url, GREEDY, stream=i == 2))]
+        for i in range(2):  # cold on its worker first, then warm; streamed or not
+            got += [("score", served(url, SCORE, stream=i == 1)), ("greedy", served(url, GREEDY, stream=i == 0))]
     finally:
         stop.set()
         for t in load:
