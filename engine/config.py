@@ -51,7 +51,7 @@ class EngineConfig:
     # engine/invariant.py: fixed matmul tiles, block attention from position 0, tiled log-softmax, no shortcut.
     batch_invariant: bool = _doc(False, "Batch-invariant mode: a request's values have the same float bits whatever "
                                  "else runs, wherever its chunks fall and whatever is cached (slower: "
-                                 "bench/invariant_cost.py).")
+                                 "python -m bench invariant).")
     max_model_len: int | None = _doc(None, "Longest prompt + generation; default: the model's.")
     # Ray sets OMP_NUM_THREADS=1 in small actors, so a worker sets this from its CPU count (deploy/config.py).
     num_threads: int | None = _doc(None, "torch intra-op threads; default: torch's own.")

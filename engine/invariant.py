@@ -30,6 +30,3 @@ def set_batch_invariant(model: nn.Module, on: bool) -> None:
         if isinstance(m, (Linear, MLP)):
             m.batch_invariant = on
 
-
-def is_batch_invariant(model: nn.Module) -> bool:
-    return any(isinstance(m, Linear) and m.batch_invariant for m in model.modules())
