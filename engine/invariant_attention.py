@@ -191,3 +191,43 @@ class InvariantPagedAttention:
 
         o = online_softmax(qr, keys, blocks)
         return o.view(-1, hkv, q.shape[2], q.shape[3]).transpose(0, 1)
+
+
+
+@torch.inference_mode()
+def check(groups: int, head_dim: int, dtype: torch.dtype, device: torch.device, max_entries: int) -> None:
+    """The one property this kernel takes from the BLAS library, checked on the running machine: an entry's bits
+    follow neither the number of entries in its torch.bmm / baddbmm calls (1 to max_entries: every count up to
+    128, every 16th beyond) nor its place among them, with the key blocks laid out both ways the backend passes
+    them (each entry its own; one request's block broadcast to every tile). Raises InvariantModeError."""
+    from engine.models.row_plan import InvariantModeError, machine_name
+
+    rows = tile_rows(groups)
+    counts = sorted({*range(1, min(max_entries, 128) + 1), *range(128, max_entries + 1, 16), max_entries})
+    top, shift = max(counts), 3
+    gen = torch.Generator(device="cpu").manual_seed(4321)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
+
+    q = randn(top + shift, rows, head_dim) * head_dim ** -0.5
+    k, v = randn(top + shift, 2 * KEY_BLOCK, head_dim), _with_ones(randn(top + shift, 2 * KEY_BLOCK, head_dim))
+    blocks: list[Block] = [(0, 0, None, None), (0, 0, None, None)]
+
+    def run(layout: str, lo: int, a: int) -> torch.Tensor:
+        def keys(j: int, b0: int) -> tuple[torch.Tensor, torch.Tensor]:
+            kb, vb = k[:, j * KEY_BLOCK:(j + 1) * KEY_BLOCK], v[:, j * KEY_BLOCK:(j + 1) * KEY_BLOCK]
+            if layout == "own":
+                return kb[lo + b0:lo + a], vb[lo + b0:lo + a]
+            return kb[0].expand(a - b0, -1, -1), vb[0].expand(a - b0, -1, -1)
+        return online_softmax(q[lo:lo + a], keys, blocks)
+
+    for layout in ("own", "shared"):
+        ref = run(layout, 0, top + shift)
+        for lo, a in [(0, c) for c in counts] + [(shift, top)]:
+            if not torch.equal(run(layout, lo, a), ref[lo:lo + a]):
+                raise InvariantModeError(
+                    f"batch-invariant mode cannot start: on this machine ({machine_name(device)}, "
+                    f"{torch.get_num_threads()} threads) attention's batched matmuls give an entry other bits in a "
+                    f"call of {a} entries (from entry {lo}, {layout} keys) than in one of {top + shift}; run "
+                    "without batch_invariant, or with another num_threads")

@@ -8,8 +8,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.models.linear import ROW_TILE
 from engine.outputs import TokenLogprob
+
+# Batch-invariant log-softmax: rows per call, the last tile padded (one shape per call by construction).
+ROW_TILE = 64
 
 
 def row_scores(logits: torch.Tensor, mode: str, invariant: bool = False) -> torch.Tensor:

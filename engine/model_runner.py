@@ -13,7 +13,7 @@ import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from engine.config import EngineConfig
-from engine.invariant import set_batch_invariant
+from engine.invariant import StepLimits, set_batch_invariant
 from engine.invariant_attention import InvariantPagedAttention
 from engine.logprobs import row_scores, top_k_rows
 from engine.models import CausalLM
@@ -90,7 +90,7 @@ class ModelRunner:
         self.device = device
         self.block_size = config.block_size
         self.invariant = config.batch_invariant
-        set_batch_invariant(model, self.invariant)
+        set_batch_invariant(model, self.invariant, StepLimits.of(config))
         self.backend: AttentionBackend = InvariantPagedAttention() if self.invariant else TorchPagedAttention()
         num_slots = num_blocks * self.block_size
         shape = (num_slots, model.num_kv_heads, model.head_dim)

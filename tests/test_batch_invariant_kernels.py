@@ -12,12 +12,13 @@ from transformers import AutoModelForCausalLM
 
 from engine.attention import TorchPagedAttention
 from engine.invariant import set_batch_invariant
-from engine.invariant_attention import KEY_BLOCK, InvariantPagedAttention
+from engine.invariant_attention import KEY_BLOCK, InvariantPagedAttention, check
 from engine.loader import load_model
 from engine.logprobs import row_scores, score_rows
 from engine.models import linear as lin
-from engine.models.linear import invariant_linear, linear, tiled_linear
+from engine.models.linear import Linear, linear
 from engine.models.llama import RMSNorm, invariant_silu
+from engine.models.row_plan import InvariantModeError, RowPlan, calibrate
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.scorer import RowScorer
@@ -34,20 +35,83 @@ def _rows_differ(f, x: torch.Tensor) -> list[tuple[int, int]]:  # noqa: ANN001
     return [(m, o) for m in ROWS for o in OFFSETS if not torch.equal(f(x[o:o + m]), ref[o:o + m])]
 
 
-@pytest.mark.parametrize("out,bias", [(960, True), (576, False), (lin.MIN_WIDE_FEATURES, False)])
-@pytest.mark.parametrize("fn", [invariant_linear, tiled_linear])
-def test_invariant_linear_rows_are_invariant(fn, out: int, bias: bool) -> None:  # noqa: ANN001
-    """Both strategies (CPU float32: at least MIN_ROWS rows per call; elsewhere: fixed tiles), 1-70 rows at
-    several offsets, and for the CPU one larger calls too (its invariance above MIN_ROWS is MKL's, measured)."""
-    g = torch.Generator().manual_seed(out)
-    x = torch.randn(700, 128, generator=g)
-    w = torch.randn(out, 128, generator=g) / 11
-    b = torch.randn(out, generator=g) if bias else None
-    assert _rows_differ(lambda t: fn(t, w, b), x[:180]) == []
-    ref = fn(x, w, b)
-    for m, o in [(100, 3), (129, 64), (257, 1), (513, 187), (699, 1)]:
-        assert torch.equal(fn(x[o:o + m], w, b), ref[o:o + m]), (m, o)
-    torch.testing.assert_close(fn(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+def _planned(out: int, inp: int, bias: bool, seed: int, max_rows: int = 2048) -> Linear:
+    g = torch.Generator().manual_seed(seed)
+    m = Linear(inp, out, bias=bias)
+    with torch.no_grad():
+        m.weight.copy_(torch.randn(out, inp, generator=g) / inp ** 0.5)
+        if bias:
+            m.bias.copy_(torch.randn(out, generator=g))
+    m.requires_grad_(False)
+    m.row_plan = m.calibrate(max_rows, f"test {inp}->{out}")
+    return m
+
+
+# SmolLM2's shapes: fused q/k/v (with a bias, as Qwen2 has), o, gate/up, down (the one whose rows MKL computed
+# otherwise in calls of 57-192 rows on a 2-core AVX-512 Xeon), and the LM head (oneDNN).
+@pytest.mark.parametrize("out,inp,bias", [(960, 576, True), (576, 576, False), (3072, 576, False),
+                                          (576, 1536, False), (lin.MIN_WIDE_FEATURES, 576, False)])
+def test_invariant_linear_rows_are_invariant(out: int, inp: int, bias: bool) -> None:
+    """A needle's rows computed alone (1-70 rows, several offsets), amid 57-255 rows, and in steps of over 256 rows
+    have one set of bits, and stay within float32 rounding of F.linear."""
+    m = _planned(out, inp, bias, seed=out + inp)
+    x = torch.randn(2100, inp, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        ref = m(x)
+        assert _rows_differ(m, x[:180]) == []
+        for n, o in [(57, 0), (100, 3), (129, 64), (192, 5), (200, 17), (255, 0), (257, 1), (513, 187),
+                     (1000, 33), (2100, 0)]:
+            assert torch.equal(m(x[o:o + n]), ref[o:o + n]), (n, o)
+        torch.testing.assert_close(ref, F.linear(x, m.weight, m.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_row_plan_covers_any_count_with_checked_sizes_only() -> None:
+    plan = RowPlan(16, (16, 32, 48, 256, 512), threads=1)
+    for n in range(1, 3000, 7):
+        pieces = plan.pieces(n)
+        # checked counts only; covering n; no piece that could be dropped
+        assert set(pieces) <= set(plan.sizes) and 0 <= sum(pieces) - n < min(pieces), (n, pieces)
+    assert plan.pieces(100) == (48, 48, 16)  # 64-192 were not checked: three calls, never one of 112
+    assert plan.pieces(162) == (256,)  # cheaper padded (256 + 1 call) than four calls of 176 rows
+    assert plan.pieces(2048) == (512, 512, 512, 512)
+
+
+def test_calibrate_keeps_the_counts_that_compute_like_the_reference_and_refuses_a_moving_row() -> None:
+    """The checker itself, on calls whose behaviour is known: one that rounds otherwise in calls of 64-192 rows
+    (as MKL did) loses exactly those counts; one whose row bits follow the row's place refuses the mode."""
+    w = torch.randn(40, 24, generator=torch.Generator().manual_seed(5))
+
+    def by_count(x: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(x @ w.t())
+        if 64 <= x.shape[0] <= 192:
+            out.add_(1e-3).sub_(1e-3)  # other rounding, same value to ~1e-7
+
+    plan = calibrate(by_count, 24, 40, torch.float32, torch.device("cpu"), 2048, "by_count")
+    assert plan.sizes == (16, 32, 48, 256, 384, 512, 768, 1024, 1536, 2048)
+
+    def by_place(x: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(x @ w.t())
+        out[-1].add_(1e-3).sub_(1e-3)
+
+    with pytest.raises(InvariantModeError, match="other bits at another place"):
+        calibrate(by_place, 24, 40, torch.float32, torch.device("cpu"), 2048, "by_place")
+
+
+def test_invariant_linear_refuses_another_thread_count() -> None:
+    m = _planned(64, 32, False, seed=9, max_rows=64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        with torch.inference_mode(), pytest.raises(InvariantModeError, match="threads"):
+            m(torch.randn(20, 32))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_attention_check_passes_here_and_names_what_it_covers() -> None:
+    """The batch-count property attention takes from BLAS holds on the machine running the suite (else the mode
+    would refuse to start, and the tests below would say nothing)."""
+    check(3, 64, torch.float32, torch.device("cpu"), 200)
 
 
 def test_control_default_linear_is_not_row_invariant() -> None:
