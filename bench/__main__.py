@@ -5,6 +5,7 @@
     python -m bench limits [...]        what the largest request costs a worker (bench/limits.py)
     python -m bench reliability [...]   flood, worker kill, drain, abandon against a server (bench/reliability.py)
     python -m bench invariant [...]     batch-invariant mode against the default, workloads 1-3 (bench/invariant.py)
+    python -m bench invariant_device    the mode's checks and bits on this device, CUDA too (bench/invariant_device.py)
     python -m bench long_prefill [...]  a short request during a long prefill, per threshold (bench/long_prefill.py)
 
 Workloads (default: all, in this order): long (1 long scoring, MFU, bf16, memory), short (2 many short scoring
@@ -53,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
 
 # Commands with their own arguments, each in its own module.
 _TOOLS = {"limits": "bench.limits", "reliability": "bench.reliability", "invariant": "bench.invariant",
-          "long_prefill": "bench.long_prefill"}
+          "invariant_device": "bench.invariant_device", "long_prefill": "bench.long_prefill"}
 
 
 def main(argv: list[str] | None = None) -> None:

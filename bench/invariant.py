@@ -2,7 +2,7 @@
 engine, on the inputs of workloads 1 to 3, in one process, sides alternating, median of --reps repetitions, a fresh
 engine before each (no prefix cache carried over). Goal: at most 1.3x slower (throughput ratio >= 0.77).
 
-    python -m bench invariant [--quick] [--reps 3] [--threads 2] [-w long -w short -w mc]
+    python -m bench invariant [--quick] [--reps 3] [--threads 2] [--model PATH] [-w long -w short -w mc]
 
 Also prints how far the invariant mode's rows are from the default mode's (both are held to 1e-4 of transformers).
 """
@@ -19,6 +19,7 @@ from bench.context import Context
 from bench.harness import Settings, Side, alternate, max_abs_diff_requests, set_threads
 from bench.report import Goal, Row, table_text
 from bench.workloads import long_scoring, multiple_choice, short_scoring
+from engine.config import DEFAULT_MODEL
 
 GOAL = Goal(">=", round(1 / 1.3, 2))  # invariant throughput / default throughput
 
@@ -76,10 +77,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (checks the script runs; figures meaningless)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="a checkpoint folder (default: the embedded model)")
     ap.add_argument("--workload", "-w", action="append", choices=list(WORKLOADS), help="default: all three")
     args = ap.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    settings = Settings(model="smollm2-135m-instruct", mode=mode, reps=args.reps, threads=args.threads,
+    settings = Settings(model=args.model, mode=mode, reps=args.reps, threads=args.threads,
                         use_llamacpp=False, http_concurrency=1, slow_side_budget_s=60.0)
     set_threads(settings.threads)
     ctx = Context(settings)

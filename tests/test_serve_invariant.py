@@ -109,3 +109,43 @@ def test_amid_concurrent_load_on_other_workers(first: dict[str, str], serve_url:
         serve.delete("invariant-b")
     assert errors == []
     assert [name for name, text in got if text != first[name]] == []
+
+
+# A short scoring request and a short greedy generation: alone their steps have few rows; beside 60-180-token
+# prompts, 57-255 rows (where MKL computed a row otherwise on an AVX-512 Xeon at 2 threads), or over 256.
+SHORT = ids_of(24, 2424)
+SHORT_SCORE = {"input_ids": SHORT, "max_tokens": 0, "return_logprob": True, "logprob_start_len": 0,
+               "top_logprobs_num": 3}
+SHORT_GREEDY = {"input_ids": SHORT, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True, "return_logprob": True,
+                "top_logprobs_num": 2}
+
+
+def test_short_requests_beside_mid_sized_prefills_at_two_threads(serve_url: str) -> None:
+    deploy("invariant-c", "/inv-c", invariant_args(num_workers=1, num_threads=2, max_num_batched_tokens=2048))
+    url = serve_url + "/inv-c"
+    rng = random.Random(60)
+    try:
+        alone = {"score": served(url, SHORT_SCORE), "greedy": served(url, SHORT_GREEDY)}
+        got, errors = [], []
+        for sizes in ([60], [120], [180], [60, 90], [150, 170, 120]):
+            def prefill(n: int, seed: int) -> None:
+                body = {"input_ids": ids_of(n, seed), "max_tokens": rng.choice([0, 4]), "return_logprob": True,
+                        "logprob_start_len": 0, "temperature": 0.0}
+                r = httpx.post(url + "/generate", json=body, timeout=300)
+                if r.status_code != 200:
+                    errors.append(r.text)
+
+            def needle(name: str, body: dict) -> None:
+                got.append((name, served(url, body)))
+
+            threads = [threading.Thread(target=prefill, args=(n, rng.randrange(10**6))) for n in sizes]
+            threads += [threading.Thread(target=needle, args=("score", SHORT_SCORE)),
+                        threading.Thread(target=needle, args=("greedy", SHORT_GREEDY))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        serve.delete("invariant-c")
+    assert errors == []
+    assert len(got) == 10 and [name for name, text in got if text != alone[name]] == []

@@ -96,22 +96,27 @@ def candidates(quantum: int, max_rows: int) -> list[int]:
 
 
 def run_pieces(x: torch.Tensor, out_features: int, plan: RowPlan, call: Call) -> torch.Tensor:
-    """x: [n, in] -> [n, out], each piece of plan.pieces(n) rows computed by one call into a fresh, aligned,
-    zero-padded buffer."""
+    """x: [n, in] -> [n, out], each piece of plan.pieces(n) rows computed by one call. Full pieces read x in place
+    when it is contiguous and aligned (a piece starts a multiple of QUANTUM rows in, so on a 64-byte boundary too);
+    the piece holding the last rows, or every piece of an unaligned x, reads a zero-padded copy."""
     n, width = x.shape
-    pieces = plan.pieces(n)
-    total = sum(pieces)
-    xp = x.new_empty(total, width)
-    xp[:n] = x
-    xp[n:].zero_()
-    out = x.new_empty(total, out_features)
-    if xp.data_ptr() % ALIGN or out.data_ptr() % ALIGN:  # the allocator aligns fresh tensors: never expected
+    out = x.new_empty(n, out_features)
+    direct = x.is_contiguous() and x.data_ptr() % ALIGN == 0
+    if out.data_ptr() % ALIGN:  # the allocator aligns fresh tensors: never expected
         raise InvariantModeError("batch-invariant mode: the allocator returned a buffer off a 64-byte boundary")
     lo = 0
-    for r in pieces:
-        call(xp[lo:lo + r], out[lo:lo + r])
-        lo += r
-    return out[:n]
+    for r in plan.pieces(n):
+        hi = min(lo + r, n)
+        if direct and hi - lo == r:
+            call(x[lo:hi], out[lo:hi])
+        else:
+            xp = x.new_zeros(r, width)
+            xp[:hi - lo] = x[lo:hi]
+            op = x.new_empty(r, out_features)
+            call(xp, op)
+            out[lo:hi] = op[:hi - lo]
+        lo = hi
+    return out
 
 
 @torch.inference_mode()
