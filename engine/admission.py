@@ -24,8 +24,12 @@ class AdmissionQueue:
         self.num_refused = 0
 
     def admit(self, request_id: str, num_tokens: int) -> str | None:
-        """Queue the request, or return why not (a message naming the limit and its config field)."""
+        """Queue the request, or return why not (a message naming the limit and its config field). An id that
+        waits already is the caller's error (AsyncEngine refuses ids in use before it admits): never overwritten,
+        so each id's tokens are counted once and released once."""
         with self._lock:
+            if request_id in self._pending:
+                raise ValueError(f"request id {request_id!r} is queued already")
             refusal = self._refusal(num_tokens)
             if refusal is not None:
                 self.num_refused += 1

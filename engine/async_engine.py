@@ -71,17 +71,20 @@ class AsyncEngine:
         convert = convert or self._convert
         if not self.is_alive:
             raise RuntimeError(f"engine loop is not running: {self.error!r}")
-        refusal = self.admission.admit(request_id, len(prompt_token_ids))
-        if refusal is not None:
-            yield convert(RequestOutput(request_id, finished=True, prompt_tokens=len(prompt_token_ids),
-                                              finish_reason=FinishReason("error", message=refusal, code=OVERLOADED)))
-            return
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), convert)
+        # The id is checked before admission, under the lock that registers it: a reused id is refused (400)
+        # without touching the admission count of the request that holds it.
         with self._lock:
-            if request_id in self._streams:
-                self.admission.release(request_id)
-                raise RequestError(f"request id {request_id!r} is already running")
-            self._streams[request_id] = stream
+            in_use = request_id in self._streams
+            refusal = None if in_use else self.admission.admit(request_id, len(prompt_token_ids))
+            if not in_use and refusal is None:
+                self._streams[request_id] = stream
+        if in_use or refusal is not None:
+            error = (FinishReason("error", message=f"request id {request_id!r} is already in use", code=400)
+                     if in_use else FinishReason("error", message=refusal, code=OVERLOADED))
+            yield convert(RequestOutput(request_id, finished=True, prompt_tokens=len(prompt_token_ids),
+                                        finish_reason=error))
+            return
         self._commands.put(("add", request_id, prompt_token_ids, params))
         self._wake.set()
         finished = False

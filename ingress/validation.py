@@ -82,6 +82,8 @@ def split_batch(body: GenerateBody) -> list[GenerateBody] | None:
     rids = body.rid if body.rid is not None else [f"{base}-{i}" for i in range(len(items))]
     if not isinstance(rids, list) or len(rids) != len(items):
         raise InvalidRequest(f"The rid of a batch must be a list of {len(items)} strings, one per item.")
+    if len(set(rids)) != len(rids):  # two items under one id would be one request to the worker
+        raise InvalidRequest("The rid of a batch must not repeat an id: each item is its own request.")
     other = "input_ids" if key == "prompt" else "prompt"
     return [body.model_copy(update={key: item, other: None, "rid": rid}) for item, rid in zip(items, rids, strict=True)]
 
