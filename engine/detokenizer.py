@@ -19,12 +19,12 @@ class Detokenizer:
         p = seq.params
         text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=p.skip_special_tokens)
         matched: str | None = None
-        if p.stop:
+        if p.stop_strings:
             # Only text after what was already searched (minus a stop's length) can hold a new match.
-            begin = max(0, len(state.text) - max(len(s) for s in p.stop))
+            begin = max(0, len(state.text) - p.max_stop_len)
             best = -1
-            for s in p.stop:
-                at = text.find(s, begin) if s else -1
+            for s in p.stop_strings:
+                at = text.find(s, begin)
                 if at >= 0 and (best < 0 or at < best):
                     best, matched = at, s
             if matched is not None:

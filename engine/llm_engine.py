@@ -163,7 +163,7 @@ class LLMEngine:
         stop_str = self.detokenizer.update(seq, state)
         if stop_str is not None:
             return FinishReason("stop", matched=stop_str)
-        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
+        if tok in p.stop_token_set or (not p.ignore_eos and tok in self.eos_ids):
             return FinishReason("stop", matched=tok)
         if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason("length")

@@ -49,8 +49,8 @@ class OutputState:
         end = len(text)
         while end > 0 and text[end - 1] == "\ufffd":
             end -= 1
-        if seq.params.stop:
-            end = min(end, len(text) - (max(len(s) for s in seq.params.stop) - 1))
+        if seq.params.max_stop_len:
+            end = min(end, len(text) - (seq.params.max_stop_len - 1))
         return max(end, self.num_text_sent)
 
     def delta(self, seq: Sequence) -> RequestOutput:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 
 @dataclass
@@ -28,6 +29,21 @@ class SamplingParams:
     logprob_start_len: int = -1
     # k most likely tokens per scored / generated position; 0 = none.
     top_logprobs_num: int = 0
+
+    # Derived once per request, not per generated token: a request with many stops must not cost every token a
+    # pass over them (the engine scans stops inside the step that serves the whole batch).
+    @cached_property
+    def stop_strings(self) -> tuple[str, ...]:
+        """The stop strings, empty ones and repeats dropped, in the client's order."""
+        return tuple(dict.fromkeys(s for s in self.stop if s))
+
+    @cached_property
+    def max_stop_len(self) -> int:
+        return max(map(len, self.stop_strings), default=0)
+
+    @cached_property
+    def stop_token_set(self) -> frozenset[int]:
+        return frozenset(self.stop_token_ids)
 
     @property
     def scores_input(self) -> bool:
