@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from engine.models.linear import Linear
+from engine.layers.linear import Linear
 from engine.models.llama import MLP
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.models.linear import ROW_TILE
+from engine.layers.linear import ROW_TILE
 from engine.outputs import TokenLogprob
 
 

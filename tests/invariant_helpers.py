@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionBackend, AttentionMetadata
+from engine.layers.attention import AttentionBackend, AttentionMetadata
 
 # One request's chunk in a step: (request name, first position, number of positions).
 Chunk = tuple[str, int, int]

@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from engine.attention import TorchPagedAttention
 from engine.invariant import set_batch_invariant
-from engine.invariant_attention import KEY_BLOCK, InvariantPagedAttention
+from engine.layers import linear as lin
+from engine.layers.attention import TorchPagedAttention
+from engine.layers.invariant_attention import KEY_BLOCK, InvariantPagedAttention
+from engine.layers.linear import invariant_linear, linear, tiled_linear
 from engine.loader import load_model
 from engine.logprobs import row_scores, score_rows
-from engine.models import linear as lin
-from engine.models.linear import invariant_linear, linear, tiled_linear
 from engine.models.llama import RMSNorm, invariant_silu
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models import linear as lin
-from engine.models.linear import Linear, linear, use_onednn
+from engine.layers import linear as lin
+from engine.layers.linear import Linear, linear, use_onednn
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])

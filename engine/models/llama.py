@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from engine.attention import AttentionBackend, AttentionMetadata
-from engine.models.linear import Linear
-from engine.models.rope import RotaryEmbedding
+from engine.layers.attention import AttentionBackend, AttentionMetadata
+from engine.layers.linear import Linear
+from engine.layers.rope import RotaryEmbedding
 
 
 class RMSNorm(nn.Module):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata
+from engine.layers.attention import AttentionMetadata
 
 KEY_BLOCK = 128
 QUERY_TILE = 16
