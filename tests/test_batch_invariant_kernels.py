@@ -12,12 +12,13 @@ from transformers import AutoModelForCausalLM
 
 from engine.invariant import set_batch_invariant
 from engine.layers import linear as lin
+from engine.layers.activation import invariant_silu
 from engine.layers.attention import TorchPagedAttention
 from engine.layers.invariant_attention import KEY_BLOCK, InvariantPagedAttention
 from engine.layers.linear import invariant_linear, linear, tiled_linear
+from engine.layers.norm import RMSNorm
 from engine.loader import load_model
 from engine.logprobs import row_scores, score_rows
-from engine.models.llama import RMSNorm, invariant_silu
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.scorer import RowScorer
