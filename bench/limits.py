@@ -50,7 +50,7 @@ async def _run_one(engine: Any, ids: list[int], k: int) -> tuple[list[Any], floa
 def _case(model: str, rows: int, k: int, threads: int, out: mp.Queue) -> None:
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
-    from ingress.responses import chunk_json
+    from ingress.generate.render import chunk_json
     from workers.convert import to_chunk
     from workers.protocol import merge_outputs
 

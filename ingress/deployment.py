@@ -19,9 +19,9 @@ from ray.serve.handle import DeploymentHandle
 from ray.util.metrics import Counter
 
 from ingress.app import build_fastapi_app
-from ingress.auth import with_keys
 from ingress.backend import HandleBackend
-from ingress.metrics import IngressMetrics, replica_label
+from ingress.edge.auth import with_keys
+from ingress.edge.metrics import IngressMetrics, replica_label
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
 

@@ -45,7 +45,7 @@ from ingress.errors import (
 from ingress.limits import check_limits
 from ingress.retry import RetryBudget, RetryCounter
 from ingress.settings import IngressSettings
-from ingress.streaming import SSEResponse
+from ingress.sse import SSEResponse
 from workers.protocol import GenerateChunk, GenerateRequest, error_chunk, merge_outputs
 
 logger = logging.getLogger(__name__)

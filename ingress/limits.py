@@ -3,7 +3,7 @@
 Every route builds GenerateRequest carriers, and the lifecycle checks them here as it opens them
 (`Batch.open`), so a route added later gets the limits for free. A request over a limit is a 400 whose
 message names the limit and the config field that raises it. The body's size (413) is checked earlier, on
-the raw bytes (middleware.py).
+the raw bytes (edge/middleware.py).
 """
 
 from __future__ import annotations

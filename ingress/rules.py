@@ -1,6 +1,6 @@
 """The rules both APIs apply to a request's SamplingParams, and the texts they share: one table, one wording.
 
-/generate (validation.py) and /v1/completions (openai_validation.py) build the same SamplingParams and check
+/generate (generate/validation.py) and /v1/completions (openai/validation.py) build the same SamplingParams and check
 them here, so a value out of range gets the same message whichever API it came through; each API only
 decides where in its own order of rules these run, and how its error body looks.
 """

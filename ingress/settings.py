@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class IngressSettings:
-    # Limits, checked before any work is queued (limits.py, middleware.py); each is an AppConfig field.
+    # Limits, checked before any work is queued (limits.py, edge/middleware.py); each is an AppConfig field.
     max_top_logprobs: int = 100  # top-k per position (/generate top_logprobs_num, OpenAI logprobs)
     max_logprob_entries: int = 204_800  # [value, id] entries one request may return: rows x (1 + k)
     max_request_bytes: int = 4 * 1024 * 1024  # HTTP body, bytes (413 above)
@@ -19,7 +19,7 @@ class IngressSettings:
     request_timeout_s: float | None = 600.0
     # How long after its worker failed a request may still be run again elsewhere (retry.py); 0: never.
     retry_deadline_s: float = 60.0
-    # Accepted bearer keys; empty: no authentication (auth.py). Kept out of repr: settings may be logged.
+    # Accepted bearer keys; empty: no authentication (edge/auth.py). Kept out of repr: settings may be logged.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:

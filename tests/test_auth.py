@@ -13,7 +13,7 @@ import yaml
 
 from deploy.config import AppConfig
 from ingress.app import build_fastapi_app
-from ingress.auth import check_exposure, is_loopback, resolve_keys, with_keys
+from ingress.edge.auth import check_exposure, is_loopback, resolve_keys, with_keys
 from ingress.settings import IngressSettings
 from tests.fakes import SCORE, FakeBackend
 

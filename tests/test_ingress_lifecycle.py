@@ -10,11 +10,11 @@ import contextlib
 import pytest
 
 from ingress.errors import InvalidRequest, Unavailable
+from ingress.generate.schemas import GenerateBody
+from ingress.generate.validation import to_request, validate
 from ingress.lifecycle import Batch
-from ingress.openai_schemas import CompletionBody
-from ingress.openai_validation import validate_completion
-from ingress.schemas import GenerateBody
-from ingress.validation import to_request, validate
+from ingress.openai.schemas import CompletionBody
+from ingress.openai.validation import validate_completion
 from tests.fakes import HANG, INFO, FakeBackend, fake_model
 from workers.protocol import GenerateRequest, SamplingParams
 

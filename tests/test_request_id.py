@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from ingress.app import build_fastapi_app
-from ingress.request_record import RequestRecord
+from ingress.edge.request_record import RequestRecord
 from tests.test_ingress_app import SCORE, FakeBackend
 
 COMPLETION = {"model": "tiny", "prompt": [3, 4, 5], "max_tokens": 2, "temperature": 0}

@@ -1,10 +1,10 @@
 """OpenAI-compatible routes over the same Backend as /generate: what evaluation tools (lm-eval's
 `local-completions`) and OpenAI clients speak.
 
-- POST /v1/completions (openai_completions.py): legacy completions; `echo` + `logprobs` returns the
+- POST /v1/completions (completions.py): legacy completions; `echo` + `logprobs` returns the
   prompt's logprobs (exact, from the engine's scoring path) and then the completion's.
-- POST /v1/chat/completions (openai_chat.py): chat completions over the tokenizer's chat template.
-- POST /v1/score (openai_score.py): SGLang's label-token scoring of query+item pairs.
+- POST /v1/chat/completions (chat.py): chat completions over the tokenizer's chat template.
+- POST /v1/score (score.py): SGLang's label-token scoring of query+item pairs.
 - GET /v1/models; POST /tokenize, POST /detokenize, GET /tokenizer_info (vLLM's shapes: lm-eval's remote
   tokenizer uses them).
 Every error has OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 for a value the
@@ -14,10 +14,7 @@ could answer. As on /generate, a client that goes away aborts its requests.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,26 +22,23 @@ from fastapi.routing import APIRoute
 from starlette.responses import Response
 
 from ingress.backend import Backend
+from ingress.edge.openapi import error_responses
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Lifecycle
-from ingress.openai_chat import ChatRoutes
-from ingress.openai_chat_schemas import ChatResponse
-from ingress.openai_completions import CompletionRoutes
-from ingress.openai_format import error_json
-from ingress.openai_schemas import (
+from ingress.openai.chat import ChatRoutes
+from ingress.openai.chat_schemas import ChatResponse
+from ingress.openai.completions import CompletionRoutes
+from ingress.openai.render import error_json
+from ingress.openai.schemas import (
     CompletionResponse,
-    DetokenizeBody,
     DetokenizeResponse,
     ModelList,
     OpenAIErrorBody,
-    TokenizeBody,
     TokenizeResponse,
 )
-from ingress.openai_score import ScoreResponse, ScoreRoutes
-from ingress.openai_validation import check_model
-from ingress.openapi import error_responses
+from ingress.openai.score import ScoreResponse, ScoreRoutes
+from ingress.openai.tokenizer import TokenizerRoutes
 from ingress.retry import RetryCounter
-from ingress.rules import TOKEN_OUT_OF_RANGE
 from ingress.settings import IngressSettings
 from workers.protocol import TokenizerInfo
 
@@ -69,57 +63,6 @@ class OpenAIRoute(APIRoute):
                 return JSONAnswer(error_json(error), status_code=error.status)
 
         return route
-
-
-class TokenizerRoutes:
-    """GET /v1/models, POST /tokenize, POST /detokenize, GET /tokenizer_info."""
-
-    def __init__(self, backend: Backend, lifecycle: Lifecycle) -> None:
-        self._backend = backend
-        self._lifecycle = lifecycle
-
-    async def models(self, request: Request) -> Response:
-        async def answer() -> dict[str, Any]:
-            info = await self._backend.model_info()
-            card = {"id": info.model_name, "object": "model", "created": int(time.time()), "owned_by": "rayscore",
-                    "max_model_len": info.max_model_len}
-            return {"object": "list", "data": [card]}
-
-        return await self._run(request, answer)
-
-    async def tokenize(self, body: TokenizeBody, request: Request) -> Response:
-        async def answer() -> dict[str, Any]:
-            info = await self._backend.model_info()
-            check_model(body.model, info)
-            tokens = await self._backend.tokenize(body.prompt, body.add_special_tokens)
-            return {"tokens": tokens, "count": len(tokens), "max_model_len": info.max_model_len}
-
-        return await self._run(request, answer)
-
-    async def detokenize(self, body: DetokenizeBody, request: Request) -> Response:
-        async def answer() -> dict[str, Any]:
-            info = await self._backend.model_info()
-            check_model(body.model, info)
-            bad = next((t for t in body.tokens if not 0 <= t < info.vocab_size), None)
-            if bad is not None:
-                raise InvalidRequest(TOKEN_OUT_OF_RANGE.format(token_id=bad, vocab_size=info.vocab_size), param="tokens")
-            return {"prompt": await self._backend.detokenize(body.tokens)}
-
-        return await self._run(request, answer)
-
-    async def tokenizer_info(self, request: Request) -> Response:
-        async def answer() -> dict[str, Any]:
-            return asdict(await self._backend.tokenizer_info())
-
-        return await self._run(request, answer)
-
-    async def _run(self, request: Request, answer: Callable[[], Awaitable[dict[str, Any]]]) -> Response:
-        # No worker stream: the lifecycle still maps errors, answers 503 when no worker can, and stops on
-        # a disconnect.
-        async def work(_batch: object) -> Response:
-            return JSONAnswer(await answer())
-
-        return await self._lifecycle.run(request, work)
 
 
 # Routes that run the model: every error of a body, 404 for another model's name, 500 when the engine fails first.

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ingress.errors import InvalidRequest, NotFound
-from ingress.openai_schemas import CompletionBody, SamplingFields
+from ingress.openai.schemas import CompletionBody, SamplingFields
 from ingress.rules import CONTEXT_TOO_LONG, MAX_TOKENS_NEGATIVE, check_sampling
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 

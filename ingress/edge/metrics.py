@@ -10,7 +10,7 @@ import os
 
 from ray.util.metrics import Counter, Histogram
 
-from ingress.request_record import RequestRecord
+from ingress.edge.request_record import RequestRecord
 
 TAGS = ("model", "replica", "route")
 SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]

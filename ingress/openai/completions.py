@@ -17,27 +17,27 @@ from fastapi import Request
 from starlette.responses import Response
 
 from ingress.backend import Backend
+from ingress.edge.request_record import current_request_id
 from ingress.errors import JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
-from ingress.openai_answer import openai_events, token_texts
-from ingress.openai_format import ChoiceBuilder, completion_json, echo_only_chunk, usage_json
-from ingress.openai_schemas import CompletionBody
-from ingress.openai_validation import (
+from ingress.openai.answer import openai_events, token_texts
+from ingress.openai.render import ChoiceBuilder, completion_json, echo_only_chunk, usage_json
+from ingress.openai.schemas import CompletionBody
+from ingress.openai.validation import (
     CompletionSettings,
     check_prompt,
     prompt_items,
     prompt_request,
     validate_completion,
 )
-from ingress.request_record import current_request_id
-from ingress.streaming import sse_data
+from ingress.sse import sse_data
 from workers.protocol import GenerateChunk
 
 Head = tuple[str, int, str]  # id, created, model
 
 
 class CompletionRoutes:
-    """The /v1/completions handler bound to one backend (openai_routes.py wires it)."""
+    """The /v1/completions handler bound to one backend (router.py wires it)."""
 
     def __init__(self, backend: Backend, lifecycle: Lifecycle) -> None:
         self._backend = backend

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ingress.request_record import RequestRecord, bind, unbind
+from ingress.edge.request_record import RequestRecord, bind, unbind
 
 # Serve's replica logger: its lines land in the replica's log file next to Serve's own, with Serve's request id.
 access_log = logging.getLogger("ray.serve")

@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ingress.auth import check_authorization
+from ingress.edge.auth import check_authorization
 from ingress.errors import IngressError, JSONAnswer, PayloadTooLarge
 from ingress.settings import IngressSettings
 

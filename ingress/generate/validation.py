@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import uuid
 
+from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest
-from ingress.request_record import current_request_id
+from ingress.generate.schemas import GenerateBody
 from ingress.rules import CONTEXT_TOO_LONG, MAX_TOKENS_NEGATIVE, TOKEN_OUT_OF_RANGE, check_sampling
-from ingress.schemas import GenerateBody
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 
 # Modes in which input tokens can be scored: values come straight from the raw logits.

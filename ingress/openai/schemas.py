@@ -1,7 +1,7 @@
 """The HTTP shapes of the OpenAI-compatible routes: request bodies FastAPI validates, response models for OpenAPI.
 
 Bodies follow OpenAI's legacy completions API (and vLLM's tokenizer routes, which lm-eval's remote
-tokenizer probes). Type errors are 422s; value errors are left to openai_validation.py, whose 400s name
+tokenizer probes). Type errors are 422s; value errors are left to validation.py, whose 400s name
 the offending field in `param`. Every error of these routes has OpenAI's shape (`OpenAIErrorBody`).
 """
 
@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 # Fields OpenAI clients send as `null` to mean "the default" are `X | None`; the defaults apply in
-# openai_validation.py. strict / allow_inf_nan / extra="ignore" as in schemas.GenerateBody: ints are
+# validation.py. strict / allow_inf_nan / extra="ignore" as in schemas.GenerateBody: ints are
 # taken where a float belongs, NaN is not, and fields this server has no use for are ignored.
 STRICT_BODY = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
@@ -81,7 +81,7 @@ class DetokenizeBody(BaseModel):
     tokens: list[int] = Field(description="Token ids, each in [0, vocab size).")
 
 
-# Response models: documentation only (the routes build their JSON by hand, see openai_format.py).
+# Response models: documentation only (the routes build their JSON by hand, see render.py).
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(description="Each token decoded alone: the prompt's (with `echo`), then the "

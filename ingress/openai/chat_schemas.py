@@ -2,7 +2,7 @@
 
 OpenAI's chat completions: messages with text content (a string, or a list of text parts), sampling and
 stopping as /v1/completions (`SamplingFields`), `logprobs` / `top_logprobs` as OpenAI spells them. Type
-errors are 422s; value errors are openai_validation.py's 400s, naming the field in `param`.
+errors are 422s; value errors are validation.py's 400s, naming the field in `param`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ingress.openai_schemas import STRICT_BODY, SamplingFields, Usage
+from ingress.openai.schemas import STRICT_BODY, SamplingFields, Usage
 
 
 class ContentPart(BaseModel):
@@ -45,7 +45,7 @@ class ChatBody(SamplingFields):
     response_format: dict[str, Any] | None = Field(None, description="Only null or {\"type\": \"text\"}.")
 
 
-# Response models: documentation only (the route builds its JSON by hand, see openai_chat_format.py).
+# Response models: documentation only (the route builds its JSON by hand, see chat_render.py).
 
 class TopLogprob(BaseModel):
     token: str = Field(description="The token decoded alone.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ingress.errors import IngressError
-from ingress.streaming import sse_data
+from ingress.sse import sse_data
 from workers.protocol import FinishInfo, GenerateChunk
 
 

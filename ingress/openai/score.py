@@ -24,11 +24,11 @@ from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from ingress.backend import Backend
+from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
-from ingress.openai_schemas import STRICT_BODY, Usage
-from ingress.openai_validation import check_model
-from ingress.request_record import current_request_id
+from ingress.openai.schemas import STRICT_BODY, Usage
+from ingress.openai.validation import check_model
 from ingress.rules import TOKEN_OUT_OF_RANGE
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 
@@ -111,7 +111,7 @@ def probabilities(values: list[float], apply_softmax: bool) -> list[float]:
 
 
 class ScoreRoutes:
-    """The /v1/score handler bound to one backend (openai_routes.py wires it)."""
+    """The /v1/score handler bound to one backend (router.py wires it)."""
 
     def __init__(self, backend: Backend, lifecycle: Lifecycle) -> None:
         self._backend = backend

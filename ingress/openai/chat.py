@@ -18,13 +18,14 @@ from fastapi import Request
 from starlette.responses import Response
 
 from ingress.backend import Backend
+from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle
-from ingress.openai_answer import openai_events, token_texts
-from ingress.openai_chat_format import ChatChoice
-from ingress.openai_chat_schemas import ChatBody, ChatMessage
-from ingress.openai_format import completion_json, usage_json
-from ingress.openai_validation import (
+from ingress.openai.answer import openai_events, token_texts
+from ingress.openai.chat_render import ChatChoice
+from ingress.openai.chat_schemas import ChatBody, ChatMessage
+from ingress.openai.render import completion_json, usage_json
+from ingress.openai.validation import (
     check_logprobs,
     check_model,
     check_prompt,
@@ -32,8 +33,7 @@ from ingress.openai_validation import (
     include_usage,
     sampling_params,
 )
-from ingress.request_record import current_request_id
-from ingress.streaming import sse_data
+from ingress.sse import sse_data
 from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 
 Head = tuple[str, int, str]  # id, created, model
@@ -96,7 +96,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
 
 
 class ChatRoutes:
-    """The /v1/chat/completions handler bound to one backend (openai_routes.py wires it)."""
+    """The /v1/chat/completions handler bound to one backend (router.py wires it)."""
 
     def __init__(self, backend: Backend, lifecycle: Lifecycle) -> None:
         self._backend = backend

@@ -14,8 +14,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from ingress.backend import Backend
 from ingress.errors import IngressError, ServerError, finish_error, worker_failed
 from ingress.lifecycle import Batch
-from ingress.openai_format import error_json
-from ingress.streaming import SSE_DONE, sse_data
+from ingress.openai.render import error_json
+from ingress.sse import SSE_DONE, sse_data
 from workers.protocol import GenerateChunk
 
 logger = logging.getLogger(__name__)
