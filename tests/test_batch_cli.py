@@ -72,7 +72,7 @@ def test_texts_and_a_long_document_in_windows(ray_cluster, smollm2_path: Path, t
 
 
 def test_ids_from_csv_with_a_start_column(ray_cluster, smollm2_path: Path, tmp_path: Path) -> None:
-    from deploy.batch_cli import main
+    from offline.cli import main
 
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 49152, (n,), generator=g).tolist() for n in (9, 30, 17)]
@@ -89,7 +89,7 @@ def test_ids_from_csv_with_a_start_column(ray_cluster, smollm2_path: Path, tmp_p
 
 
 def test_missing_column_fails_before_any_work(ray_cluster, tmp_path: Path, capsys) -> None:
-    from deploy.batch_cli import main
+    from offline.cli import main
 
     src = tmp_path / "in.jsonl"
     src.write_text('{"id": 1, "body": "no text column here"}\n')
@@ -103,7 +103,7 @@ def test_missing_column_fails_before_any_work(ray_cluster, tmp_path: Path, capsy
                                            (["--context-column", "c", "--continuation-column", "x", "--window",
                                              "64"], "scored whole")])
 def test_bad_flags_are_usage_errors(tmp_path: Path, capsys, flags: list[str], message: str) -> None:
-    from deploy.batch_cli import main
+    from offline.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["in.jsonl", str(tmp_path / "out"), *flags])
@@ -111,8 +111,8 @@ def test_bad_flags_are_usage_errors(tmp_path: Path, capsys, flags: list[str], me
 
 
 def test_config_and_pool_bounds_come_from_the_serve_yaml() -> None:
-    from deploy.batch_cli import actor_bounds, load_app_config
     from deploy.config import AppConfig
+    from offline.cli import actor_bounds, load_app_config
 
     cfg = load_app_config(CONFIG)
     assert (cfg.num_workers, cfg.worker_num_cpus, cfg.kv_cache_mb) == (2, 0.5, 96)

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from offline.columns import Columns
+from offline.pipeline import BatchJob, WindowSpec, run
 from tests.conftest import hf_logits, hf_scores
-from workers.batch_columns import Columns
-from workers.batch_scorer import BatchJob, WindowSpec, run
 
 TOL = 1e-4
 

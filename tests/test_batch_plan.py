@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
-from workers.score_plan import RowError, Windows, plan_ids, plan_pair, plan_windows, split_pair
+from offline.plan import RowError, Windows, plan_ids, plan_pair, plan_windows, split_pair
 
 
 def scored_tokens(n: int, start: int, w: Windows) -> list[int]:

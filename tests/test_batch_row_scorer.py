@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from offline.dataset_scorer import DatasetScorer, RowInput
+from offline.plan import Windows
 from tests.conftest import hf_scores
 from tests.engine_helpers import make_engine
-from workers.row_scorer import RowInput, RowScorer
-from workers.score_plan import Windows
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def test_continuations_of_one_context_share_it(engine) -> None:
     before = engine.stats()["prefix_cache_hit_tokens"]
     ctx = "The quick brown fox jumps over the lazy dog. " * 3
     rows = [RowInput(f"id={i}", context=ctx, continuation=c) for i, c in enumerate([" yes", " no", " maybe"])]
-    scorer = RowScorer(engine, None)
+    scorer = DatasetScorer(engine, None)
     results = scorer.score(rows)
     assert all(r.error is None and r.num_scored for r in results)
     # The context's full blocks (block_size 4; the last may hold continuation tokens) are computed once and
@@ -34,7 +34,7 @@ def test_a_row_rejected_in_a_later_window_leaves_nothing_behind(engine, tiny_mod
     good = list(range(2, 40))
     bad = list(range(2, 40))
     bad[30] = 10_000  # out of the vocabulary: the first two windows are queued, the third is rejected by the engine
-    scorer = RowScorer(engine, Windows(16, 8))
+    scorer = DatasetScorer(engine, Windows(16, 8))
     results = scorer.score([RowInput("id=0", ids=good), RowInput("id=1", ids=bad), RowInput("id=2", ids=good[:9])])
     assert results[1].error is not None and results[1].error.startswith("row id=1: Token id 10000 is out of range")
     assert results[1].token_logprobs is None
@@ -55,6 +55,6 @@ def test_a_row_rejected_in_a_later_window_leaves_nothing_behind(engine, tiny_mod
 ])
 def test_values_of_the_wrong_type_are_that_rows_error(engine, row: RowInput, message: str) -> None:
     good = RowInput("id=0", ids=[5, 6, 7, 8], start=1.0)  # a whole float start (CSV, pandas) is accepted
-    results = RowScorer(engine, None).score([row, good])
+    results = DatasetScorer(engine, None).score([row, good])
     assert results[0].error is not None and message in results[0].error
     assert results[1].error is None and results[1].num_scored == 2

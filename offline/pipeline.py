@@ -13,8 +13,8 @@ import ray
 import ray.data
 from ray.data import ActorPoolStrategy, Dataset
 
-from workers.batch_columns import Columns, append_results, read_rows
-from workers.score_plan import Windows
+from offline.columns import Columns, append_results, read_rows
+from offline.plan import Windows
 
 READERS = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -67,11 +67,11 @@ class ScoreActor:
     def __init__(self, engine_config: dict[str, Any], columns: Columns, windows: WindowSpec, top_k: int) -> None:
         from engine.config import EngineConfig
         from engine.llm_engine import LLMEngine
-        from workers.row_scorer import RowScorer
+        from offline.dataset_scorer import DatasetScorer
 
         # Ray sets OMP_NUM_THREADS=1 in actors with < 2 CPUs: the config's num_threads sets torch's count.
         engine = LLMEngine(EngineConfig(**engine_config))
-        scorer = RowScorer(engine, None, top_k)
+        scorer = DatasetScorer(engine, None, top_k)
         scorer.windows = windows.resolve(scorer.max_len)
         self.scorer = scorer
         self.columns = columns

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from workers.row_scorer import RowInput, RowResult
+from offline.dataset_scorer import RowInput, RowResult
 
 ID_COLUMN = "id"
 

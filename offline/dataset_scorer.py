@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from engine.llm_engine import LLMEngine, RequestError
 from engine.outputs import RequestOutput, merge_outputs
 from engine.sampling_params import SamplingParams
-from workers.score_plan import RowError, RowPlan, Windows, plan_ids, plan_pair, plan_text
+from offline.plan import RowError, RowPlan, Windows, plan_ids, plan_pair, plan_text
 
 # top_logprobs entries: (logprob, token_id), most likely first.
 Top = list[tuple[float, int]]
@@ -22,14 +22,14 @@ Top = list[tuple[float, int]]
 @dataclass(frozen=True)
 class RowInput:
     """One row as read from the dataset: exactly one of ids, text or (context, continuation). Values come as
-    the dataset holds them; RowScorer.plan checks their types (a wrong one is that row's error)."""
+    the dataset holds them; DatasetScorer.plan checks their types (a wrong one is that row's error)."""
 
     label: str = ""  # how errors name the row, e.g. "id=17" (its `id` column); "" for none
     ids: list[object] | None = None
     text: object = None
     context: object = None
     continuation: object = None
-    start: object = 0  # validated by RowScorer.plan: a non-negative integer (None: 0)
+    start: object = 0  # validated by DatasetScorer.plan: a non-negative integer (None: 0)
 
 
 @dataclass
@@ -59,7 +59,7 @@ class RowResult:
         return None if m is None else math.exp(-m)
 
 
-class RowScorer:
+class DatasetScorer:
     """Turns rows into engine requests and the engine's rows back into one answer per row."""
 
     def __init__(self, engine: LLMEngine, windows: Windows | None, top_k: int = 0) -> None:

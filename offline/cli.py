@@ -79,8 +79,8 @@ def actor_bounds(cfg: AppConfig, lo: int | None, hi: int | None) -> tuple[int, i
 
 
 def make_job(args: argparse.Namespace) -> Any:
-    from workers.batch_columns import Columns
-    from workers.batch_scorer import BatchJob, WindowSpec
+    from offline.columns import Columns
+    from offline.pipeline import BatchJob, WindowSpec
 
     pair = args.context_column is not None or args.continuation_column is not None
     text = args.text_column or (None if pair or args.ids_column else "text")
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"the output folder {job.output} already holds files; give a new one")
     import ray
 
-    from workers.batch_scorer import run
+    from offline.pipeline import run
 
     if not ray.is_initialized():
         local = args.address == "local"
