@@ -1,6 +1,6 @@
 """The error answers each route documents: every status the app can send, with the body it sends.
 
-One table, so that the OpenAPI document says what the code does (tests/test_openapi_fuzz.py runs
+One table, so that the OpenAPI document says what the code does (tests/ingress/test_openapi_fuzz.py runs
 schemathesis against it): which errors a route can answer depends only on whether it takes a body, runs
 worker requests and names a model. 499 (the client left) is not listed: nobody is there to read it.
 """
