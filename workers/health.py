@@ -25,7 +25,8 @@ def process_memory() -> tuple[int, int]:
 def worker_stats(engine: AsyncEngine) -> WorkerStats:
     s = engine.stats()
     rss, peak = process_memory()
-    return WorkerStats(pid=os.getpid(), waiting=s["waiting"], running=s["running"], kv_blocks_total=s["kv_blocks_total"],
+    return WorkerStats(pid=os.getpid(), waiting=s["waiting"], running=s["running"],
+                       kv_blocks_total=s["kv_blocks_total"],
                        kv_blocks_free=s["kv_blocks_free"], kv_blocks_used=s["kv_blocks_used"],
                        requests_finished=s["requests_finished"],
                        prefix_cache_hit_tokens=s["prefix_cache_hit_tokens"],

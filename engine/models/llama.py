@@ -173,8 +173,9 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
         """input_ids, positions: [T]. Returns the last layer's hidden states before the final norm: [T, hidden].
         The runner applies norm + LM head only to the rows it needs."""
         h = self.model.embed_tokens(input_ids)  # [T, hidden]

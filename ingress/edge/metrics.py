@@ -18,8 +18,8 @@ TOKENS_PER_SECOND = [10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 5000
 
 # 499: the client went away; not a refusal. Other 4xx, 429 and 503 are refusals; other 5xx are failures.
 CLIENT_CLOSED_REQUEST = 499
-_REJECTION_REASONS = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "too_large",
-                      422: "invalid_body", 429: "overloaded", 503: "unavailable"}
+_REJECTION_REASONS = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
+                      413: "too_large", 422: "invalid_body", 429: "overloaded", 503: "unavailable"}
 
 
 def rejection_reason(record: RequestRecord) -> str | None:

@@ -50,7 +50,8 @@ class TokenizerRoutes:
             check_model(body.model, info)
             bad = next((t for t in body.tokens if not 0 <= t < info.vocab_size), None)
             if bad is not None:
-                raise InvalidRequest(TOKEN_OUT_OF_RANGE.format(token_id=bad, vocab_size=info.vocab_size), param="tokens")
+                message = TOKEN_OUT_OF_RANGE.format(token_id=bad, vocab_size=info.vocab_size)
+                raise InvalidRequest(message, param="tokens")
             return {"prompt": await self._backend.detokenize(body.tokens)}
 
         return await self._run(request, answer)

@@ -4,10 +4,6 @@ asks for a key on every route but /health."""
 from __future__ import annotations
 
 import httpx
-import pytest
-
-from ingress.edge.auth import with_keys
-from ingress.settings import IngressSettings
 
 from tests.helpers.keys import KEY, bearer
 

@@ -73,7 +73,8 @@ def test_generation_stream_concatenates_to_answer(url: str) -> None:
     assert sum((e["output_ids"] for e in data), []) == whole["output_ids"]
     lps = sum((e["meta_info"]["output_token_logprobs"] for e in data), [])
     assert [t for _, t in lps] == whole["output_ids"] and len(whole["output_ids"]) == 12
-    assert max(abs(a - b) for (a, _), (b, _) in zip(lps, whole["meta_info"]["output_token_logprobs"], strict=True)) <= ATOL
+    assert max(abs(a - b) for (a, _), (b, _) in zip(lps, whole["meta_info"]["output_token_logprobs"],
+                                                    strict=True)) <= ATOL
     assert " Paris" in whole["text"]
 
 

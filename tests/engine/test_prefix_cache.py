@@ -107,8 +107,8 @@ def test_scoring_equal_cold_warm_evicted_store_off(tiny_models, family: str) -> 
     for name, cfg in configs.items():
         eng = make_engine(path, max_num_batched_tokens=16, **cfg)
         for round_ in range(2):  # cold, then warm (or partly evicted)
-            outs = eng.generate([ids for ids, _ in cases], [scoring(n, k=k) for (_, n), k in zip(cases, ks, strict=True)],
-                                check=True)
+            outs = eng.generate([ids for ids, _ in cases],
+                                [scoring(n, k=k) for (_, n), k in zip(cases, ks, strict=True)], check=True)
             for (ids, n), out, exp, lg, k in zip(cases, outs, expected, logits, ks, strict=True):
                 if name == "raw-logits":
                     exp = lg[torch.arange(n, len(ids) - 1), torch.tensor(ids[n + 1:])].tolist()
@@ -159,7 +159,8 @@ def test_generation_same_with_cache_hits(tiny_models) -> None:
     got = warm.generate(prompts, greedy(8), check=True)
     for e, g in zip(expected, got, strict=True):
         assert g.new_token_ids == e.new_token_ids
-        assert [v for v, _ in g.output_token_logprobs] == pytest.approx([v for v, _ in e.output_token_logprobs], abs=ATOL)
+        assert [v for v, _ in g.output_token_logprobs] == pytest.approx([v for v, _ in e.output_token_logprobs],
+                                                                        abs=ATOL)
     assert got[2].cached_tokens == 12  # 16 tokens, last one always computed: 3 blocks of 4
 
 
@@ -175,7 +176,8 @@ def test_mixed_batch_with_cache_and_preemption(tiny_models) -> None:
         for e, g in zip(expected, got, strict=True):
             assert g.new_token_ids == e.new_token_ids
             if e.input_token_logprobs is not None:
-                assert [v for v, _ in g.input_token_logprobs] == pytest.approx([v for v, _ in e.input_token_logprobs], abs=ATOL)
+                assert [v for v, _ in g.input_token_logprobs] == pytest.approx(
+                    [v for v, _ in e.input_token_logprobs], abs=ATOL)
     assert eng.kv.pool.num_free == eng.kv.pool.num_blocks
 
 

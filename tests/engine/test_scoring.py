@@ -107,10 +107,12 @@ def test_scoring_and_generation_in_same_steps_equal_alone(tiny_models) -> None:
     alone_g = eng.generate([b], greedy(8, k=2))[0]
     s, g = eng.generate([a, b], [scoring(0, k=2), greedy(8, k=2)], check=True)
     assert [t for _, t in s.input_token_logprobs] == [t for _, t in alone_s.input_token_logprobs]
-    assert [v for v, _ in s.input_token_logprobs] == pytest.approx([v for v, _ in alone_s.input_token_logprobs], abs=ATOL)
+    assert [v for v, _ in s.input_token_logprobs] == pytest.approx([v for v, _ in alone_s.input_token_logprobs],
+                                                                   abs=ATOL)
     assert_rows(s.input_token_logprobs, a, 0, hf_scores(path, a, 0))
     assert g.new_token_ids == alone_g.new_token_ids
-    assert [v for v, _ in g.output_token_logprobs] == pytest.approx([v for v, _ in alone_g.output_token_logprobs], abs=ATOL)
+    assert [v for v, _ in g.output_token_logprobs] == pytest.approx([v for v, _ in alone_g.output_token_logprobs],
+                                                                    abs=ATOL)
 
 
 def test_preemption_small_cache_same_answers(tiny_models) -> None:
@@ -127,7 +129,8 @@ def test_preemption_small_cache_same_answers(tiny_models) -> None:
         assert g.new_token_ids == e.new_token_ids
         if e.input_token_logprobs is not None:
             assert [t for _, t in g.input_token_logprobs] == [t for _, t in e.input_token_logprobs]
-            assert [v for v, _ in g.input_token_logprobs] == pytest.approx([v for v, _ in e.input_token_logprobs], abs=ATOL)
+            assert [v for v, _ in g.input_token_logprobs] == pytest.approx([v for v, _ in e.input_token_logprobs],
+                                                                           abs=ATOL)
     assert tight.kv.pool.num_free == tight.kv.pool.num_blocks
     tight.check_integrity()
 

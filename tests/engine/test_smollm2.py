@@ -45,7 +45,8 @@ def test_mixed_batch_with_generation(engine: LLMEngine, smollm2_path) -> None:
     ref = hf_model(str(smollm2_path))
     for ids, p, out in zip(prompts, params, outs, strict=True):
         if p.max_tokens == 0:
-            assert_rows(out.input_token_logprobs, ids, p.logprob_start_len, hf_scores(smollm2_path, ids, p.logprob_start_len))
+            assert_rows(out.input_token_logprobs, ids, p.logprob_start_len,
+                        hf_scores(smollm2_path, ids, p.logprob_start_len))
         else:
             with torch.inference_mode():
                 g = ref.generate(torch.tensor([ids]), max_new_tokens=p.max_tokens, do_sample=False,

@@ -13,7 +13,7 @@ import yaml
 
 from deploy.config import AppConfig
 from ingress.app import build_fastapi_app
-from ingress.edge.auth import check_exposure, is_loopback, resolve_keys
+from ingress.edge.auth import check_exposure, is_loopback, resolve_keys, with_keys
 from ingress.settings import IngressSettings
 from tests.helpers.fakes import SCORE, FakeBackend
 from tests.helpers.keys import KEY, bearer

@@ -1,6 +1,6 @@
 """request_timeout_s: a request past its deadline is aborted (its worker stream closed) and answered 504 before
-any byte, or with a final error event after. Unit tests over the fake backend; the real-Ray test (tests/e2e/test_deadlines_served.py) checks the
-worker's KV blocks are free afterwards."""
+any byte, or with a final error event after. Unit tests over the fake backend; the real-Ray test
+(tests/e2e/test_deadlines_served.py) checks the worker's KV blocks are free afterwards."""
 
 from __future__ import annotations
 

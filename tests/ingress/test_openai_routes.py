@@ -35,7 +35,8 @@ async def test_lm_eval_request_scores_prompt_and_generates_one_token():
     assert lp["tokens"] == ["H", "I", "J", "K", "L"]
     assert lp["token_logprobs"] == [None, value(1, 41), value(2, 42), value(3, 43), value(4, 44)]
     # top-1 ({text of id 0: -0.0}) plus the actual token; position 0 has none
-    assert lp["top_logprobs"] == [None] + [{" ": -0.0, t: v} for t, v in zip("IJKL", lp["token_logprobs"][1:], strict=True)]
+    assert lp["top_logprobs"] == [None] + [{" ": -0.0, t: v}
+                                           for t, v in zip("IJKL", lp["token_logprobs"][1:], strict=True)]
     assert lp["text_offset"] == [0, 1, 2, 3, 4]
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
     (req,) = backend.requests

@@ -1,6 +1,7 @@
-"""The OpenAPI document is honest: schemathesis (pinned) runs every route of the app over the fake backend (tests/helpers/openai_fakes.py: every route),
-in-process, with a fixed seed, and every answer is a documented status with its documented body and
-content type, never a 5xx. bench/fuzz.py is the same run against a live server (the reliability script)."""
+"""The OpenAPI document is honest: schemathesis (pinned) runs every route of the app over the fake backend
+(tests/helpers/openai_fakes.py: every route), in-process, with a fixed seed, and every answer is a documented
+status with its documented body and content type, never a 5xx. bench/fuzz.py is the same run against a live
+server (the reliability script)."""
 
 from __future__ import annotations
 

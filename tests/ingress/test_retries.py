@@ -1,8 +1,9 @@
 """Nothing lost when a worker dies: a request whose worker was lost before any byte went out runs again.
 
 Unit tests over the fake backend for the lifecycle's policy (what is retried, what is not, the budget, the
-counter) and for HandleBackend's mapping of Ray's errors; the proof is the real-Ray test (tests/e2e/test_retries_served.py): a worker SIGKILLed
-under 32 in-flight scoring requests, every one answered 200 and exact.
+counter) and for HandleBackend's mapping of Ray's errors; the proof is the real-Ray test
+(tests/e2e/test_retries_served.py): a worker SIGKILLed under 32 in-flight scoring requests, every one answered
+200 and exact.
 """
 
 from __future__ import annotations
