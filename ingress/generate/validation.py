@@ -1,7 +1,8 @@
 """The contract's 400 rules, in the contract's order (first failure wins), and the body -> carrier step.
 
 Pure functions of the body and the worker's ModelInfo: no I/O, so they are tested exactly and alone.
-Rule 12 (sampling values) is the shared table of rules.py, checked on the carrier's SamplingParams.
+The rules the engine checks too are the rulebook's (rulebook/rules.py), with its messages; rule 12 (sampling
+values) is its table, checked on the carrier's SamplingParams.
 A batch (a list of prompts or of id lists) is validated item by item with the same rules: the first failing
 item's message is the single request's, prefixed with `Item {i}: `.
 """
@@ -11,9 +12,9 @@ from __future__ import annotations
 import uuid
 
 from ingress.edge.request_record import current_request_id
-from ingress.errors import InvalidRequest
+from ingress.errors import InvalidRequest, enforce
 from ingress.generate.schemas import GenerateBody
-from ingress.rules import CONTEXT_TOO_LONG, MAX_TOKENS_NEGATIVE, TOKEN_OUT_OF_RANGE, check_sampling
+from rulebook import rules
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 
 # Modes in which input tokens can be scored: values come straight from the raw logits.
@@ -28,37 +29,29 @@ def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None)
     """
     k = body.top_logprobs_num
     # 1-3: logprob options.
-    if k is not None and k < 0:
-        raise InvalidRequest(f"The top_logprobs_num {k} cannot be a negative integer.")
+    if k is not None:
+        enforce(rules.negative_top_logprobs(k))
     if k is not None and k > 0 and body.return_logprob is not True:
         raise InvalidRequest("top_logprobs_num requires return_logprob=True.")
-    if body.return_logprob is True and info.logprobs_mode == "none":
-        raise InvalidRequest(
-            "return_logprob(True) requested but not enabled logprobs_mode in engine configuration."
-        )
+    enforce(rules.logprobs_disabled(body.return_logprob is True, info.logprobs_mode))
     # 4-7: the prompt.
     if (body.prompt is None) == (body.input_ids is None):
         raise InvalidRequest("You must specify exactly one of prompt or input_ids")
     if body.prompt == "":
         raise InvalidRequest("The prompt must not be an empty string")
-    if body.input_ids == []:
-        raise InvalidRequest("The input_ids must not be an empty list")
+    if body.input_ids is not None:
+        enforce(rules.empty_ids(body.input_ids))
     if body.image_data is not None:
         raise InvalidRequest("image input is not supported by this server.")
     # 8-9: what to compute.
-    if body.max_tokens < 0:
-        raise InvalidRequest(MAX_TOKENS_NEGATIVE.format(max_tokens=body.max_tokens))
+    enforce(rules.negative_max_tokens(body.max_tokens))
     _check_scoring(body, info)
     # 10-11: the prompt against the model.
-    for token_id in body.input_ids or ():
-        if not 0 <= token_id < info.vocab_size:
-            raise InvalidRequest(TOKEN_OUT_OF_RANGE.format(token_id=token_id, vocab_size=info.vocab_size))
+    enforce(rules.token_out_of_range(body.input_ids or (), info.vocab_size))
     n = len(body.input_ids) if body.input_ids is not None else prompt_len
-    if n is not None and n + body.max_tokens > info.max_model_len:
-        raise InvalidRequest(
-            CONTEXT_TOO_LONG.format(prompt_len=n, max_tokens=body.max_tokens, context_len=info.max_model_len)
-        )
-    check_sampling(sampling_params(body), info.vocab_size)  # rule 12
+    if n is not None:
+        enforce(rules.context_too_long(n, body.max_tokens, info.max_model_len))
+    enforce(rules.sampling_violation(sampling_params(body), info.vocab_size))  # rule 12
 
 
 def split_batch(body: GenerateBody) -> list[GenerateBody] | None:
@@ -99,9 +92,7 @@ def _check_scoring(body: GenerateBody, info: ModelInfo) -> None:
     """Rule 9: input-token scoring (logprob_start_len >= 0) is scoring only, over given ids."""
     n = body.logprob_start_len
     if n < 0:
-        # Without a scoring boundary, max_tokens=0 would compute nothing.
-        if body.max_tokens == 0:
-            raise InvalidRequest("The max_tokens 0 must be a positive integer.")
+        enforce(rules.nothing_to_compute(body.max_tokens, scores_input=False))
         return
     if body.return_logprob is not True:
         raise InvalidRequest("logprob_start_len requires return_logprob=True.")
@@ -111,12 +102,7 @@ def _check_scoring(body: GenerateBody, info: ModelInfo) -> None:
         raise InvalidRequest("logprob_start_len requires max_tokens=0.")
     if body.input_ids is None:
         raise InvalidRequest("logprob_start_len requires input_ids.")
-    # Rows score ids[N+1:], so at least one id must follow the boundary.
-    if n + 1 >= len(body.input_ids):
-        raise InvalidRequest(
-            f"logprob_start_len({n}) exceeds the last scorable source position "
-            f"for input_ids length({len(body.input_ids)})."
-        )
+    enforce(rules.start_past_end(n, len(body.input_ids)))
 
 
 def sampling_params(body: GenerateBody) -> SamplingParams:

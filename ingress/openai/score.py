@@ -29,7 +29,7 @@ from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
 from ingress.openai.schemas import STRICT_BODY, Usage
 from ingress.openai.validation import check_model
-from ingress.rules import TOKEN_OUT_OF_RANGE
+from rulebook.rules import TOKEN_OUT_OF_RANGE
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 
 

@@ -16,7 +16,7 @@ from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Lifecycle
 from ingress.openai.schemas import DetokenizeBody, TokenizeBody
 from ingress.openai.validation import check_model
-from ingress.rules import TOKEN_OUT_OF_RANGE
+from rulebook.rules import TOKEN_OUT_OF_RANGE
 
 
 class TokenizerRoutes:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ingress.errors import InvalidRequest, NotFound
+from ingress.errors import InvalidRequest, NotFound, enforce
 from ingress.openai.schemas import CompletionBody, SamplingFields
-from ingress.rules import CONTEXT_TOO_LONG, MAX_TOKENS_NEGATIVE, check_sampling
+from rulebook import rules
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for legacy completions
@@ -52,8 +52,7 @@ def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSett
     _check_prompt_not_empty(body.prompt)
     echo = bool(body.echo)
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    if max_tokens < 0:
-        raise InvalidRequest(MAX_TOKENS_NEGATIVE.format(max_tokens=max_tokens), param="max_tokens")
+    enforce(rules.negative_max_tokens(max_tokens), param="max_tokens")
     if max_tokens == 0 and not echo:
         raise InvalidRequest("max_tokens 0 requires echo=true: it returns the prompt's logprobs only.",
                              param="max_tokens")
@@ -67,7 +66,7 @@ def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSett
 def check_logprobs(k: int | None, info: ModelInfo, param: str) -> None:
     """k alternatives per position (None: no logprobs): non-negative, and a server that computes logprobs. The
     upper bound is the server's `max_top_logprobs`, checked for every route as its work is opened (limits.py),
-    and the vocabulary size (check_sampling)."""
+    and the vocabulary size (the rulebook's sampling table)."""
     if k is not None and k < 0:
         raise InvalidRequest(f"The {param} {k} must be non-negative.", param=param)
     if k is not None and info.logprobs_mode != "raw_logprobs":
@@ -86,7 +85,7 @@ def sampling_params(body: SamplingFields, info: ModelInfo, max_tokens: int, k: i
         stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
         skip_special_tokens=body.skip_special_tokens, include_stop_str_in_output=body.include_stop_str_in_output,
         return_logprob=k is not None, top_logprobs_num=k or 0)
-    check_sampling(params, info.vocab_size)
+    enforce(rules.sampling_violation(params, info.vocab_size))
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest("stream_options requires stream=true.", param="stream_options")
     return params
@@ -135,9 +134,9 @@ def check_prompt(index: int | None, ids: list[int], max_tokens: int, info: Model
     if bad is not None:
         raise InvalidRequest(
             f"{where} holds token id {bad}, out of range for the vocabulary size {info.vocab_size}.", param=param)
-    if len(ids) + max_tokens > info.max_model_len:
-        message = CONTEXT_TOO_LONG.format(prompt_len=len(ids), max_tokens=max_tokens, context_len=info.max_model_len)
-        raise InvalidRequest(message if index is None else f"{where}: {message}", param=param)
+    broken = rules.context_too_long(len(ids), max_tokens, info.max_model_len)
+    if broken:
+        raise InvalidRequest(broken.message if index is None else f"{where}: {broken.message}", param=param)
 
 
 def scores_prompt(ids: list[int], s: CompletionSettings) -> bool:
