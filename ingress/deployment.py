@@ -27,6 +27,10 @@ from ingress.settings import IngressSettings
 
 logger = logging.getLogger("ray.serve")
 
+# Logical CPUs per ingress replica: it parses, validates and relays; the workers do the compute. AppConfig's
+# `ingress_num_cpus` defaults to this.
+INGRESS_NUM_CPUS = 0.5
+
 
 def serve_http_host() -> str | None:
     """The address Serve's HTTP proxies bind (the Serve YAML's `http_options.host`), from the controller;
@@ -45,7 +49,7 @@ def serve_http_host() -> str | None:
 # app the unit tests drive with a fake) instead of methods wired to Serve's class-based views.
 # max_ongoing_requests: a streamed generation holds its slot for its whole length, so Serve's default
 # of 5 would queue the sixth client behind the first five; the workers do the real admission control.
-@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.5})
+@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": INGRESS_NUM_CPUS})
 @serve.ingress()
 class Ingress:
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
