@@ -20,7 +20,7 @@ from engine.outputs import FinishReason, RequestOutput, merge_outputs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import Sequence
-from engine.stats import EngineCounters, token_load
+from engine.stats import EngineCounters, EngineStats, token_load
 from rulebook import rules
 
 
@@ -192,21 +192,15 @@ class LLMEngine:
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.scheduler.live())
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> EngineStats:
         pool = self.kv.pool
-        return {"waiting": len(self.scheduler.waiting), "running": len(self.scheduler.running),
-                "kv_blocks_total": pool.num_blocks, "kv_blocks_free": pool.num_free,
-                "kv_blocks_used": pool.num_used, "requests_finished": self.num_finished,
-                "preemptions": self.scheduler.num_preemptions,
-                "prefix_cache_query_tokens": self.kv.stats.query_tokens,
-                "prefix_cache_hit_tokens": self.kv.stats.hit_tokens,
-                "prefix_cache_evictions": self.kv.stats.evictions,
-                "prefix_cache_blocks": len(self.kv.cached),
-                **self._operator_stats()}
-
-    def _operator_stats(self) -> dict[str, int]:
         # list(): the worker reads this from another thread; copying a deque or list is atomic.
         queued, running = token_load(list(self.scheduler.waiting), list(self.scheduler.running))
-        c = self.counters
-        return {"queued_tokens": queued, "running_tokens": running, "steps": c.steps,
-                "hidden_store_rows": c.hidden_store_rows}
+        return EngineStats(
+            waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
+            kv_blocks_total=pool.num_blocks, kv_blocks_free=pool.num_free, kv_blocks_used=pool.num_used,
+            requests_finished=self.num_finished, preemptions=self.scheduler.num_preemptions,
+            prefix_cache_query_tokens=self.kv.stats.query_tokens, prefix_cache_hit_tokens=self.kv.stats.hit_tokens,
+            prefix_cache_evictions=self.kv.stats.evictions, prefix_cache_blocks=len(self.kv.cached),
+            queued_tokens=queued, running_tokens=running, steps=self.counters.steps,
+            hidden_store_rows=self.counters.hidden_store_rows)

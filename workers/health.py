@@ -25,13 +25,11 @@ def process_memory() -> tuple[int, int]:
 def worker_stats(engine: AsyncEngine) -> WorkerStats:
     s = engine.stats()
     rss, peak = process_memory()
-    return WorkerStats(pid=os.getpid(), waiting=s["waiting"], running=s["running"],
-                       kv_blocks_total=s["kv_blocks_total"],
-                       kv_blocks_free=s["kv_blocks_free"], kv_blocks_used=s["kv_blocks_used"],
-                       requests_finished=s["requests_finished"],
-                       prefix_cache_hit_tokens=s["prefix_cache_hit_tokens"],
-                       prefix_cache_query_tokens=s["prefix_cache_query_tokens"],
-                       prefix_cache_evictions=s["prefix_cache_evictions"], device=str(engine.engine.device),
+    return WorkerStats(pid=os.getpid(), waiting=s.waiting, running=s.running, kv_blocks_total=s.kv_blocks_total,
+                       kv_blocks_free=s.kv_blocks_free, kv_blocks_used=s.kv_blocks_used,
+                       requests_finished=s.requests_finished, prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
+                       prefix_cache_query_tokens=s.prefix_cache_query_tokens,
+                       prefix_cache_evictions=s.prefix_cache_evictions, device=str(engine.engine.device),
                        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                       queued=s["queued"], queued_tokens=s["queued_tokens"], refused=s["refused"],
+                       queued=s.queued, queued_tokens=s.queued_tokens, refused=s.refused,
                        rss_bytes=rss, peak_rss_bytes=peak, stalled_s=engine.stalled_for())
