@@ -21,7 +21,7 @@ import pickle
 import time
 from typing import Any
 
-from workers.health import process_memory
+from workers.stats import process_memory
 
 
 async def _run_one(engine: Any, ids: list[int], k: int) -> tuple[list[Any], float]:

@@ -17,7 +17,6 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.outputs import RequestOutput
 from workers.convert import to_chunk
-from workers.health import worker_stats
 from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats, replica_label
 from workers.protocol import (
     ChatPrompt,
@@ -28,6 +27,7 @@ from workers.protocol import (
     WorkerStats,
     error_chunk,
 )
+from workers.stats import worker_stats
 
 log = logging.getLogger("ray.serve")
 

@@ -39,10 +39,6 @@ class RequestRecord:
 _current: ContextVar[RequestRecord | None] = ContextVar("rayscore_request", default=None)
 
 
-def current_record() -> RequestRecord | None:
-    return _current.get()
-
-
 def current_request_id() -> str | None:
     """The request id of the HTTP request being served (X-Request-ID or a made one); None outside one."""
     record = _current.get()

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class GenerateBody(BaseModel):
-    """Request body of `POST /generate` (see docs/generate-contract.md)."""
+    """Request body of `POST /generate` (the contract: README, Quickstart)."""
 
     # strict: "5" is not an int and `true` is not an int either (bool subclasses int in Python, and lax
     # mode would take [true] as [1]); ints are still accepted where a float belongs.

@@ -1,4 +1,4 @@
-"""Batch-invariant mode over HTTP (issue 17): configs/invariant.yaml's application on the session's real Ray
+"""Batch-invariant mode over HTTP: configs/invariant.yaml's application on the session's real Ray
 cluster. A scoring request with top-k and a greedy generation return the same bits, as served in JSON, alone (cold
 and warm), streamed, and amid concurrent random load (two clients), from another worker process than the first answer's.
 

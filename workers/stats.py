@@ -1,4 +1,5 @@
-"""What a worker reports about itself: its stats carrier (queue, KV, memory) for the ingress and tools."""
+"""What a worker reports about itself (its stats carrier: queue, KV, memory, progress) for the ingress and tools;
+Serve's health check is the worker's check_health, which reads the same engine."""
 
 from __future__ import annotations
 
