@@ -75,7 +75,7 @@ def validate_score(body: ScoreBody, info: ModelInfo) -> tuple[str | list[int], l
     if not text_query:
         _check_ids(body.query, info, "query")  # type: ignore[arg-type]  # ids, as just checked
         for item in items:
-            _check_ids(item, info, "items")  # type: ignore[arg-type]
+            _check_ids(item, info, "items")  # type: ignore[arg-type]  # ids, as just checked
     return body.query, items
 
 
@@ -131,6 +131,7 @@ class ScoreRoutes:
         batch.open([label_request(f"{sid}-{i}-{j}", ids, t)
                     for i, ids in enumerate(prompts) for j, t in enumerate(labels)])
         await batch.firsts()
+        # A label request scores exactly one row, so its input_token_logprobs is never None here.
         rows = [whole.input_token_logprobs[0][0] for whole in await batch.collect()]  # type: ignore[index]
         scores = [probabilities(rows[i * len(labels):(i + 1) * len(labels)], body.apply_softmax)
                   for i in range(len(prompts))]
