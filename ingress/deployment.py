@@ -21,9 +21,10 @@ from ray.util.metrics import Counter
 from ingress.app import build_fastapi_app
 from ingress.backend import HandleBackend
 from ingress.edge.auth import with_keys
-from ingress.edge.metrics import IngressMetrics, replica_label
+from ingress.edge.metrics import IngressMetrics
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
+from workers.replica import replica_label
 
 logger = logging.getLogger("ray.serve")
 

@@ -9,7 +9,6 @@ with Ray's `ray_` prefix: `rayscore_preemptions_total` is scraped as `ray_raysco
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -47,17 +46,6 @@ GAUGED_STATS = {
     "rayscore_kv_blocks_used": ("kv_blocks_used", "KV-cache blocks in use."),
     "rayscore_kv_blocks_total": ("kv_blocks_total", "KV-cache blocks of the worker."),
 }
-
-
-def replica_label() -> str:
-    """`app#deployment#id` of the Serve replica this runs in; the pid outside Serve (tests, scripts)."""
-    try:
-        from ray import serve
-
-        rid = serve.get_replica_context().replica_id
-        return f"{rid.deployment_id.app_name}#{rid.deployment_id.name}#{rid.unique_id}"
-    except Exception:  # not inside a replica
-        return f"pid-{os.getpid()}"
 
 
 def autoscaling_stats(stats: ServingStats) -> dict[str, float]:

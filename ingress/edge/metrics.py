@@ -6,8 +6,6 @@ Prometheus sees each name with Ray's `ray_` prefix (`ray_rayscore_requests_total
 
 from __future__ import annotations
 
-import os
-
 from ray.util.metrics import Counter, Histogram
 
 from ingress.edge.request_record import RequestRecord
@@ -30,17 +28,6 @@ def rejection_reason(record: RequestRecord) -> str | None:
     if status == CLIENT_CLOSED_REQUEST or not (400 <= status < 500 or status == 503):
         return None
     return _REJECTION_REASONS.get(status, f"http_{status}")
-
-
-def replica_label() -> str:
-    """`app#deployment#id` of the Serve replica; the pid outside Serve."""
-    try:
-        from ray import serve
-
-        rid = serve.get_replica_context().replica_id
-        return f"{rid.deployment_id.app_name}#{rid.deployment_id.name}#{rid.unique_id}"
-    except Exception:  # not inside a replica (unit tests)
-        return f"pid-{os.getpid()}"
 
 
 class IngressMetrics:
