@@ -8,7 +8,7 @@ CONFIG ?= configs/local.yaml
 # Ray's Prometheus endpoint on this machine: http://127.0.0.1:$(METRICS_PORT)/metrics (README "Operating").
 METRICS_PORT ?= 8080
 
-.PHONY: setup serve score test lint bench clean
+.PHONY: setup serve score test test-fast lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,10 @@ score: $(STAMP)
 test: $(STAMP)
 	@$(BIN)/python -m pytest -q tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+# The tests that need no Ray cluster (all but the e2e tier, see tests/conftest.py); a few minutes.
+test-fast: $(STAMP)
+	RAYSCORE_TEST_NO_RAY=1 $(BIN)/python -m pytest -q -m "not e2e" tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -2,7 +2,7 @@
 document describes (status, content type, body schema) and never a 5xx.
 
     run_fuzz(base_url, max_examples) -> (cases, failures)     the reliability script, against a live server
-    fuzz_schema(schema, max_examples) -> FuzzReport           tests/test_openapi_fuzz.py, in-process (ASGI)
+    fuzz_schema(schema, max_examples) -> FuzzReport           tests/ingress/test_openapi_fuzz.py, in-process (ASGI)
 
 Each operation gets `max_examples` schema-conforming cases and as many that break the schema (negative), with
 a fixed seed, so a run is repeatable. A failing case is counted and described, and the run goes on: the
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# The checks issue 13 names; a 5xx is a failure even where documented (a 503 needs no worker here: the
-# fake backend always answers, and a live server under fuzzing has its workers).
+# The checks README's Reliability names; a 5xx is a failure even where documented (a 503 needs no worker
+# here: the fake backend always answers, and a live server under fuzzing has its workers).
 CHECK_NAMES = ("not_a_server_error", "status_code_conformance", "response_schema_conformance",
                "content_type_conformance")
 

@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 import torch
 
-from engine.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from engine.default_model import ensure_default_model
 from engine.invariant import set_batch_invariant
-from engine.invariant_attention import InvariantPagedAttention
+from engine.layers.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from engine.layers.invariant_attention import InvariantPagedAttention
 from engine.loader import load_model
 from engine.logprobs import score_rows
 

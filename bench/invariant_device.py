@@ -21,8 +21,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.invariant import plans_of
+from engine.layers.row_plan import machine_name
 from engine.llm_engine import LLMEngine
-from engine.models.row_plan import machine_name
 from engine.outputs import RequestOutput, merge_outputs
 from engine.sampling_params import SamplingParams
 

@@ -21,7 +21,7 @@ import pickle
 import time
 from typing import Any
 
-from workers.health import process_memory
+from workers.stats import process_memory
 
 
 async def _run_one(engine: Any, ids: list[int], k: int) -> tuple[list[Any], float]:
@@ -50,7 +50,7 @@ async def _run_one(engine: Any, ids: list[int], k: int) -> tuple[list[Any], floa
 def _case(model: str, rows: int, k: int, threads: int, out: mp.Queue) -> None:
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
-    from ingress.responses import chunk_json
+    from ingress.generate.render import chunk_json
     from workers.convert import to_chunk
     from workers.protocol import merge_outputs
 
@@ -70,7 +70,8 @@ def _case(model: str, rows: int, k: int, threads: int, out: mp.Queue) -> None:
     _, peak = process_memory()
     body = json.dumps(chunk_json(merge_outputs(chunks)), separators=(",", ":")).encode()
     engine.shutdown()
-    out.put({"k": k, "rows": rows, "entries": rows * (1 + k), "worker_s": round(worker_s, 2), "worker_cpu_s": round(cpu_s, 2),
+    out.put({"k": k, "rows": rows, "entries": rows * (1 + k), "worker_s": round(worker_s, 2),
+             "worker_cpu_s": round(cpu_s, 2),
              "pickle_s": round(pickle_s, 2), "worker_extra_mib": round((peak - rss_before) / 2**20),
              "pickled_mb": round(len(blob) / 1e6, 1), "json_mb": round(len(body) / 1e6, 1),
              "max_loop_stall_ms": round(stall * 1000)})

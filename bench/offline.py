@@ -5,7 +5,7 @@
 Data: --rows prompts of 64-256 tokens of real text (bench/prompts.py), scored from N = 0, written as a JSONL of
 ids. Sides, one run each (this is a throughput figure for the README, not a test):
 - in-process: one LLMEngine (built untimed; in a plain Ray task, no Ray Data) scoring every row at once through
-  workers/row_scorer.py, run first and again last (their mean is the figure: a shared machine's load drifts);
+  offline/dataset_scorer.py, run first and again last (their mean is the figure: a shared machine's load drifts);
 - transformers: padded batches sorted by length (bench/baselines.py, the same token budget as workload 2);
 - pipeline: `rayscore-batch`'s pipeline (read_json -> map_batches on an actor pool -> write_parquet) on a local
   cluster of logical CPUs, with one actor of --threads threads, then two actors of --threads / 2 threads each.
@@ -42,10 +42,10 @@ def in_process(model: str, threads: int, prompts: list[list[int]]) -> tuple[floa
     """(seconds to build the engine, seconds to score, rows), every row submitted at once."""
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
-    from workers.row_scorer import RowInput, RowScorer
+    from offline.dataset_scorer import DatasetScorer, RowInput
 
     t0 = time.perf_counter()
-    scorer = RowScorer(LLMEngine(EngineConfig(model=model, num_threads=threads)), None)
+    scorer = DatasetScorer(LLMEngine(EngineConfig(model=model, num_threads=threads)), None)
     t1 = time.perf_counter()
     results = scorer.score([RowInput(ids=p) for p in prompts])
     t2 = time.perf_counter()
@@ -69,8 +69,8 @@ def transformers_padded(model_path: Path, prompts: list[list[int]], threads: int
 def pipeline(work: Path, name: str, model: str, prompts: list[list[int]], actors: int, threads: int,
              batch_size: int) -> tuple[float, Path]:
     """Wall seconds of one whole pipeline run (actor start and model load included) and its output folder."""
-    from workers.batch_columns import Columns
-    from workers.batch_scorer import BatchJob, WindowSpec, run
+    from offline.columns import Columns
+    from offline.pipeline import BatchJob, WindowSpec, run
 
     src = work / f"{name}.jsonl"
     src.write_text("".join(json.dumps({"id": i, "input_ids": p}) + "\n" for i, p in enumerate(prompts)))

@@ -1,4 +1,4 @@
-"""The reliability script (issue 13, item 10): what a user would try against a running server, with figures.
+"""The reliability script: what a user would try against a running server, with figures.
 
     python -m bench reliability --start configs/local.yaml [--port 8123]     # start Serve here, then run
     python -m bench reliability --url http://127.0.0.1:8000 --ray-address auto [--app rayscore]

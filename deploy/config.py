@@ -1,8 +1,9 @@
 """The one typed application config: what `args:` in a Serve YAML file may hold.
 
-The engine's fields come from engine/config.py's EngineConfig itself (type, default and description), so
-a new engine field or default needs no edit here; this file adds only what the deploy edge decides: the
-KV budget in MiB, threads from the worker's CPUs, and the deployments' shapes.
+The engine's fields come from engine/config.py's EngineConfig itself (type, default and description), and the
+ingress's from ingress/settings.py's IngressSettings, so a new field or default needs no edit here; this file
+adds only what the deploy edge decides: the KV budget in MiB, threads from the worker's CPUs, API keys as
+secrets, and the deployments' shapes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, model_validator
 
 from engine.config import EngineConfig
+from ingress.deployment import INGRESS_NUM_CPUS
 from ingress.settings import IngressSettings
 
 MIB = 1024 * 1024
@@ -21,28 +23,35 @@ MIB = 1024 * 1024
 _EDGE_FIELDS = {"kv_cache_bytes", "num_threads"}
 
 
-def _engine_fields() -> dict[str, Any]:
-    hints = get_type_hints(EngineConfig)
+# IngressSettings fields this edge does not take from it: the logprob limits are the engine's fields (the same
+# values go to both), and API keys arrive as secrets.
+_INGRESS_OWN = {"max_top_logprobs", "max_logprob_entries", "api_keys"}
+
+
+def _fields(cls: type, skip: set[str]) -> dict[str, Any]:
+    """A frozen dataclass's fields as pydantic fields: their types, defaults and `doc` descriptions."""
+    hints = get_type_hints(cls)
     return {f.name: (hints[f.name], Field(f.default, description=f.metadata["doc"]))
-            for f in dataclasses.fields(EngineConfig) if f.name not in _EDGE_FIELDS}
+            for f in dataclasses.fields(cls) if f.name not in skip}
 
 
-# Values are checked by EngineConfig itself (AppConfig._engine_config_is_valid), with its own messages.
-EngineFields: type[BaseModel] = create_model(  # type: ignore[call-overload]
-    "EngineFields", __config__=ConfigDict(extra="forbid"), **_engine_fields())
+# Values are checked by EngineConfig and IngressSettings themselves (AppConfig._configs_are_valid), with their
+# own messages. mypy cannot type a model made at run time: create_model's overloads want literal field kwargs,
+# and a base class held in a variable is not a valid type to it.
+DerivedFields: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "DerivedFields", __config__=ConfigDict(extra="forbid"), **_fields(EngineConfig, _EDGE_FIELDS),
+    **_fields(IngressSettings, _INGRESS_OWN))
 
 
-class AppConfig(EngineFields):  # type: ignore[misc,valid-type]
-    # --- model and engine: EngineFields, and ------------------------------------------------------
+class AppConfig(DerivedFields):  # type: ignore[misc,valid-type]
+    # --- model and engine: EngineConfig's fields (DerivedFields), and ---------------------------------
     model_name: str | None = Field(None, description="Name the server reports for the model; default: `model`.")
     kv_cache_mb: int = Field(EngineConfig.kv_cache_bytes // MIB, gt=0,
                              description="KV-cache budget per worker, MiB (K and V of all layers).")
     num_threads: int | None = Field(None, gt=0, description="torch threads per worker; default: the worker's "
                                     "CPU count (Ray sets OMP_NUM_THREADS=1 in small actors).")
 
-    # --- self-protection (issue 13); the engine's limits and queue bounds are EngineFields ------------
-    max_request_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest HTTP request body, bytes; the "
-                                   "ingress answers 413 above it.")
+    # --- self-protection; the engine's limits and queue bounds, and the ingress's, are DerivedFields --
     worker_max_queued_requests: int = Field(128, description="Serve's max_queued_requests for the workers: requests "
                                             "one ingress replica holds for lack of a worker slot; beyond it the "
                                             "handle raises BackPressureError at once (503). -1: unbounded.")
@@ -71,16 +80,10 @@ class AppConfig(EngineFields):  # type: ignore[misc,valid-type]
     # --- ingress ---------------------------------------------------------------------------------
     ingress_num_replicas: int = Field(1, gt=0, description="Ingress replicas when not autoscaling.")
     ingress_autoscaling: dict[str, Any] | None = Field(None, description="Serve autoscaling_config for the ingress.")
-    ingress_num_cpus: float = Field(0.5, ge=0, description="Logical CPUs per ingress replica.")
+    ingress_num_cpus: float = Field(INGRESS_NUM_CPUS, ge=0, description="Logical CPUs per ingress replica.")
 
-    # --- enforced by the ingress (issue 13), each named in the error it causes; max_top_logprobs and
-    # max_logprob_entries (EngineFields) and max_request_bytes (above) are checked there too ---------------
-    request_timeout_s: float | None = Field(600.0, gt=0, description="Seconds a request may take from arrival to "
-                                            "its last byte; then it is aborted (504, or an error event "
-                                            "mid-stream). null: no deadline.")
-    retry_deadline_s: float = Field(60.0, ge=0, description="A request whose worker died before any byte was sent "
-                                    "runs again on another (or the replacement) worker for up to this long after "
-                                    "the failure; 0: never.")
+    # --- enforced by the ingress, each named in the error it causes: IngressSettings' fields (DerivedFields;
+    # max_top_logprobs and max_logprob_entries are the engine's), and -----------------------------------
     # SecretStr: a config printed or logged shows '**********', never a key.
     api_keys: list[SecretStr] | None = Field(None, description="Accepted `Authorization: Bearer` keys (every route but "
                                        "/health and the API docs); also from $RAYSCORE_API_KEYS, comma-separated.")
@@ -89,15 +92,14 @@ class AppConfig(EngineFields):  # type: ignore[misc,valid-type]
 
     def ingress_settings(self) -> IngressSettings:
         """What the ingress enforces (the keys of $RAYSCORE_API_KEYS are added where it runs)."""
-        return IngressSettings(
-            max_top_logprobs=self.max_top_logprobs, max_logprob_entries=self.max_logprob_entries,
-            max_request_bytes=self.max_request_bytes, request_timeout_s=self.request_timeout_s,
-            retry_deadline_s=self.retry_deadline_s,
-            api_keys=tuple(k.get_secret_value() for k in self.api_keys or ()))
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(IngressSettings) if f.name != "api_keys"}
+        return IngressSettings(**values, api_keys=tuple(k.get_secret_value() for k in self.api_keys or ()))
 
     @model_validator(mode="after")
-    def _engine_config_is_valid(self) -> AppConfig:
-        EngineConfig(**self.engine_config())  # a ValueError here is a validation error of the YAML's args
+    def _configs_are_valid(self) -> AppConfig:
+        # A ValueError here is a validation error of the YAML's args.
+        EngineConfig(**self.engine_config())
+        self.ingress_settings()
         return self
 
     def engine_config(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine.admission import OVERLOADED, AdmissionQueue
@@ -22,6 +22,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine, RequestError
 from engine.outputs import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.stats import ServingStats
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +105,11 @@ class AsyncEngine:
         self._commands.put(("abort", request_id))
         self._wake.set()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> ServingStats:
         queued, queued_tokens = self.admission.queued
-        return {**self.engine.stats(), "queued": queued, "queued_tokens": queued_tokens,
-                "refused": self.admission.num_refused}
+        engine = asdict(self.engine.stats())
+        return ServingStats(**{**engine, "queued_tokens": queued_tokens}, queued=queued,
+                            refused=self.admission.num_refused)
 
     def stalled_for(self) -> float:
         """Seconds the engine thread has had work and finished no loop turn (0 when idle or moving)."""

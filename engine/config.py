@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rulebook.limits import MAX_LOGPROB_ENTRIES, MAX_TOP_LOGPROBS
+
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "none"]
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -64,10 +66,11 @@ class EngineConfig:
     max_queued_tokens: int = _doc(32768, "Prompt tokens of the requests a worker holds that have not started; "
                                   "beyond it: refused (503). An empty queue takes any prompt.")
     # 2,000 rows x (1 + 100): seconds of worker time, ~250 MiB of worker memory, a ~5 MB answer (bench/limits.py).
-    max_top_logprobs: int = _doc(100, "Largest top_logprobs_num (OpenAI `logprobs`) a request may ask (400 "
-                                 "above it).")
-    max_logprob_entries: int = _doc(204800, "Most [value, token_id] entries one answer may hold: rows x (1 + "
-                                    "top-k). Bounds one request's time, worker memory and answer bytes (400).")
+    max_top_logprobs: int = _doc(MAX_TOP_LOGPROBS, "Largest top_logprobs_num (OpenAI `logprobs`) a request may "
+                                 "ask (400 above it).")
+    max_logprob_entries: int = _doc(MAX_LOGPROB_ENTRIES, "Most [value, token_id] entries one answer may hold: "
+                                    "rows x (1 + top-k). Bounds one request's time, worker memory and answer "
+                                    "bytes (400).")
     # A step is bounded by max_num_batched_tokens: a legitimate one ends in seconds, even on a slow CPU.
     stuck_engine_timeout_s: float = _doc(120.0, "The worker's health check fails (Serve replaces it) when it has "
                                          "work and no engine step has finished for this long; busy is not stuck.")

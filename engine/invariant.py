@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine import invariant_attention
 from engine.config import EngineConfig
-from engine.models.linear import Linear
+from engine.layers import invariant_attention
+from engine.layers.linear import Linear
+from engine.layers.row_plan import RowPlan
 from engine.models.llama import MLP
-from engine.models.row_plan import RowPlan
 
 # A process checks each shape once (tests and benchmarks build many engines of one model).
 _plans: dict[tuple, RowPlan] = {}
@@ -49,8 +49,9 @@ class StepLimits:
 
 def set_batch_invariant(model: nn.Module, on: bool, limits: StepLimits | None = None) -> None:
     """Switch every Linear (fused q/k/v, o, gate/up, down, LM head) and MLP of the model; on: check this machine
-    first (raises InvariantModeError), for the calls an engine of `limits` makes (default: EngineConfig's). (RMSNorm needs no switch: its mean is a row-wise reduction and its other
-    operations round correctly, the same in any lane.)"""
+    first (raises InvariantModeError), for the calls an engine of `limits` makes (default: EngineConfig's).
+    (RMSNorm needs no switch: its mean is a row-wise reduction and its other operations round correctly, the
+    same in any lane.)"""
     plans: dict[Linear, RowPlan] = {}
     if on:
         limits = limits or StepLimits.of(EngineConfig())

@@ -20,7 +20,8 @@ from engine.outputs import FinishReason, RequestOutput, merge_outputs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import Sequence
-from engine.stats import EngineCounters, token_load
+from engine.stats import EngineCounters, EngineStats, token_load
+from rulebook import rules
 
 
 class RequestError(ValueError):
@@ -67,34 +68,23 @@ class LLMEngine:
         self.scheduler.add(seq)
 
     def _check(self, request_id: str, ids: list[int], p: SamplingParams) -> None:
+        """The last line of defence: the ingress checks the same rules (rulebook/rules.py) before any work."""
         if request_id in self.seqs:
             raise RequestError(f"request id {request_id!r} is already running")
-        if not ids:
-            raise RequestError("The input_ids must not be an empty list")
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise RequestError(f"Token id {bad} is out of range for the vocabulary size {self.vocab_size}.")
-        if p.max_tokens < 0:
-            raise RequestError(f"The max_tokens {p.max_tokens} must be non-negative.")
-        if len(ids) + p.max_tokens > self.max_model_len:
-            raise RequestError(f"The prompt length {len(ids)} plus max_tokens {p.max_tokens} exceeds the "
-                               f"model's context length {self.max_model_len}.")
-        if p.return_logprob and self.config.logprobs_mode == "none":
-            raise RequestError("return_logprob(True) requested but not enabled logprobs_mode in engine "
-                               "configuration.")
-        if p.scores_input and p.logprob_start_len + 1 >= len(ids):
-            raise RequestError(f"logprob_start_len({p.logprob_start_len}) exceeds the last scorable source "
-                               f"position for input_ids length({len(ids)}).")
-        if p.max_tokens == 0 and not p.scores_input:
-            raise RequestError("The max_tokens 0 must be a positive integer.")
+        broken = (rules.empty_ids(ids) or rules.token_out_of_range(ids, self.vocab_size)
+                  or rules.negative_max_tokens(p.max_tokens)
+                  or rules.context_too_long(len(ids), p.max_tokens, self.max_model_len)
+                  or rules.logprobs_disabled(p.return_logprob, self.config.logprobs_mode)
+                  or (rules.start_past_end(p.logprob_start_len, len(ids)) if p.scores_input else None)
+                  or rules.nothing_to_compute(p.max_tokens, p.scores_input))
+        if broken:
+            raise RequestError(broken.message)
         if self.kv.blocks_for(len(ids) + p.max_tokens) > self.kv.pool.num_blocks:
             raise RequestError(f"The prompt length {len(ids)} plus max_tokens {p.max_tokens} does not fit the "
                                f"KV cache of {self.kv.pool.num_blocks * self.config.block_size} tokens.")
-        for name, ok in (("temperature", p.temperature >= 0), ("top_p", 0 < p.top_p <= 1),
-                         ("top_k", p.top_k >= -1), ("min_p", 0 <= p.min_p <= 1),
-                         ("top_logprobs_num", p.top_logprobs_num >= 0)):
-            if not ok:
-                raise RequestError(f"The {name} {getattr(p, name)} is out of range.")
+        broken = rules.negative_top_logprobs(p.top_logprobs_num) or rules.sampling_violation(p, self.vocab_size)
+        if broken:
+            raise RequestError(broken.message)
         self._check_limits(len(ids), p)
 
     def _check_limits(self, num_ids: int, p: SamplingParams) -> None:
@@ -202,21 +192,15 @@ class LLMEngine:
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.scheduler.live())
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> EngineStats:
         pool = self.kv.pool
-        return {"waiting": len(self.scheduler.waiting), "running": len(self.scheduler.running),
-                "kv_blocks_total": pool.num_blocks, "kv_blocks_free": pool.num_free,
-                "kv_blocks_used": pool.num_used, "requests_finished": self.num_finished,
-                "preemptions": self.scheduler.num_preemptions,
-                "prefix_cache_query_tokens": self.kv.stats.query_tokens,
-                "prefix_cache_hit_tokens": self.kv.stats.hit_tokens,
-                "prefix_cache_evictions": self.kv.stats.evictions,
-                "prefix_cache_blocks": len(self.kv.cached),
-                **self._operator_stats()}
-
-    def _operator_stats(self) -> dict[str, int]:
         # list(): the worker reads this from another thread; copying a deque or list is atomic.
         queued, running = token_load(list(self.scheduler.waiting), list(self.scheduler.running))
-        c = self.counters
-        return {"queued_tokens": queued, "running_tokens": running, "steps": c.steps,
-                "hidden_store_rows": c.hidden_store_rows}
+        return EngineStats(
+            waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
+            kv_blocks_total=pool.num_blocks, kv_blocks_free=pool.num_free, kv_blocks_used=pool.num_used,
+            requests_finished=self.num_finished, preemptions=self.scheduler.num_preemptions,
+            prefix_cache_query_tokens=self.kv.stats.query_tokens, prefix_cache_hit_tokens=self.kv.stats.hit_tokens,
+            prefix_cache_evictions=self.kv.stats.evictions, prefix_cache_blocks=len(self.kv.cached),
+            queued_tokens=queued, running_tokens=running, steps=self.counters.steps,
+            hidden_store_rows=self.counters.hidden_store_rows)

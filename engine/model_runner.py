@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from engine.config import EngineConfig
 from engine.invariant import StepLimits, set_batch_invariant
-from engine.invariant_attention import InvariantPagedAttention
+from engine.layers.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from engine.layers.invariant_attention import InvariantPagedAttention
 from engine.logprobs import row_scores, top_k_rows
 from engine.models import CausalLM
 from engine.outputs import TokenLogprob

@@ -66,6 +66,7 @@ def merge_outputs(deltas: Sequence[D]) -> D:
         raise ValueError("no outputs to merge")
     merged: dict[str, Any] = {}
     for delta in deltas:
+        # D is bound to no dataclass protocol, so mypy cannot see that every delta is a dataclass instance.
         for f in fields(delta):  # type: ignore[arg-type]
             new = getattr(delta, f.name)
             old = merged.get(f.name)

@@ -52,6 +52,7 @@ class RowScorer:
             self._fast(hidden, targets, slots, known, values)
         else:
             self._full(hidden, targets, ks, slots, torch.ones_like(cached), values, tops)
+        # Every row went through _full or _fast above, so no None is left in `values`; mypy cannot follow that.
         return values, tops  # type: ignore[return-value]
 
     def _full(self, hidden: torch.Tensor, targets: torch.Tensor, ks: list[int], slots: torch.Tensor,

@@ -4,7 +4,7 @@ worker (which turns them into metrics). Plain Python: the engine imports neither
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from engine.scheduler import SchedulerOutput
 
@@ -18,6 +18,45 @@ class StepRecord:
     duration_s: float  # schedule + execute + update, wall clock
     num_tokens: int  # tokens computed by the transformer in this step (prefill chunks + decodes)
     num_seqs: int  # requests in the step
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """One reading of the engine, for the worker's health report, metrics and autoscaling (vLLM's
+    SchedulerStats): plain ints, read from another thread without a lock (each is one atomic read)."""
+
+    waiting: int  # requests in the scheduler's waiting queue
+    running: int  # requests in the running batch
+    kv_blocks_total: int
+    kv_blocks_free: int
+    kv_blocks_used: int
+    requests_finished: int  # since start
+    preemptions: int  # since start: requests whose KV blocks were freed, to be recomputed
+    prefix_cache_query_tokens: int  # since start: prompt tokens looked up in the prefix cache
+    prefix_cache_hit_tokens: int  # since start: prompt tokens served from it
+    prefix_cache_evictions: int  # since start: cached blocks evicted for other content
+    prefix_cache_blocks: int  # cached blocks now
+    queued_tokens: int  # context tokens of the waiting requests, all still to compute (token_load)
+    running_tokens: int  # context tokens of the running requests
+    steps: int  # since start
+    hidden_store_rows: int  # since start: scoring rows whose hidden state came from the store
+
+    def __getitem__(self, name: str) -> int:
+        """A counter by its name, for tables that name them (the worker's metrics) and for tests."""
+        if name not in {f.name for f in fields(self)}:
+            raise KeyError(name)
+        value: int = getattr(self, name)
+        return value
+
+
+@dataclass(frozen=True)
+class ServingStats(EngineStats):
+    """The engine's reading with its admission queue in front (AsyncEngine.stats): `queued` requests accepted
+    and not yet handed to the engine, `refused` since start as overloaded; `queued_tokens` is here the prompt
+    tokens of those queued requests (what the autoscaler and the health report count as waiting work)."""
+
+    queued: int
+    refused: int
 
 
 @dataclass

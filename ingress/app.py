@@ -1,9 +1,9 @@
-"""The HTTP routes, over an injected Backend: a fake one in unit tests, Ray Serve handles in deployment."""
+"""The app factory: every API's routes over an injected Backend (a fake one in unit tests, Ray Serve handles in
+deployment), with the edge's middleware and the error shape of each path."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -12,71 +12,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from ingress.backend import Backend
+from ingress.edge.middleware import GuardMiddleware, route_path
+from ingress.edge.request_id import RequestIdMiddleware
+from ingress.edge.request_record import RecordingBackend, RequestRecord
 from ingress.errors import InvalidRequest, JSONAnswer, NotFound
-from ingress.lifecycle import Batch, ErrorBody, Lifecycle
-from ingress.middleware import GuardMiddleware, route_path
-from ingress.openai_format import error_json as openai_error_json
-from ingress.openai_routes import openai_router
-from ingress.openapi import error_responses
-from ingress.request_id import RequestIdMiddleware
-from ingress.request_record import RecordingBackend, RequestRecord
-from ingress.responses import chunk_json, error_json, sse_event
+from ingress.generate.render import error_json
+from ingress.generate.routes import generate_router
+from ingress.generate.schemas import HealthBody
+from ingress.lifecycle import ErrorBody
+from ingress.openai.render import error_json as openai_error_json
+from ingress.openai.router import openai_router
 from ingress.retry import RetryCounter
-from ingress.schemas import ErrorBody as ErrorModel
-from ingress.schemas import GenerateBody, GenerateResponse, HealthBody
 from ingress.settings import IngressSettings
-from ingress.streaming import SSE_DONE, sse_data
-from ingress.validation import split_batch, to_request, validate, validate_batch
-from workers.protocol import GenerateChunk
-
-
-class GenerateRoutes:
-    """Route handlers bound to one backend; the FastAPI app is only their wiring."""
-
-    def __init__(self, backend: Backend, settings: IngressSettings, retries: RetryCounter) -> None:
-        self._backend = backend
-        self._lifecycle = Lifecycle(backend, error_json, settings, retries)
-
-    async def generate(self, body: GenerateBody, request: Request) -> Response:
-        return await self._lifecycle.run(request, lambda batch: self._generate(body, batch))
-
-    async def _generate(self, body: GenerateBody, batch: Batch) -> Response:
-        """One prompt (the batch of one), or SGLang's batch: a list of prompts, one worker request each, so the
-        router spreads them and the prefix cache shares what they have in common."""
-        info = await self._backend.model_info()
-        items = split_batch(body)
-        if items is None:
-            validate(body, info)
-        else:
-            validate_batch(items, info)
-        batch.open([to_request(item) for item in items or [body]])
-        firsts = await batch.firsts()
-        if body.stream:
-            return batch.stream(_events(firsts, batch, indexed=items is not None))
-        wholes = await batch.collect()
-        if items is None:
-            return JSONAnswer(chunk_json(wholes[0]))
-        return JSONAnswer([chunk_json(whole) for whole in wholes])
-
-    async def health(self) -> Response:
-        if await self._backend.ready():
-            return JSONAnswer({"status": "ok"})
-        return JSONAnswer({"status": "unavailable"}, status_code=503)
-
-
-async def _events(firsts: list[GenerateChunk], batch: Batch, indexed: bool) -> AsyncGenerator[str, None]:
-    """One event per worker chunk, then one `[DONE]`; a failure once bytes are out is the final `error` event.
-    A batch's events name their item (`index`): the first chunks in order, then as they arrive."""
-
-    def event(i: int, chunk: GenerateChunk) -> str:
-        return sse_data({**chunk_json(chunk), "index": i}) if indexed else sse_event(chunk)
-
-    for i, chunk in enumerate(firsts):
-        yield event(i, chunk)
-    async with contextlib.aclosing(batch.rest()) as rest:
-        async for i, chunk in rest:
-            yield event(i, chunk)
-    yield SSE_DONE
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
@@ -85,12 +32,12 @@ async def _on_validation_error(request: Request, exc: Exception) -> Response:
     return JSONAnswer({"detail": jsonable_encoder(exc.errors())}, status_code=422)
 
 
-# Routes whose errors have the contract's body (docs/generate-contract.md); every other route speaks OpenAI's.
+# Routes whose errors have the /generate contract's body (README, Quickstart); every other route speaks OpenAI's.
 CONTRACT_PATHS = frozenset({"/generate"})
 
 
 def error_shape(path: str) -> ErrorBody:
-    """The error body of the API `path` belongs to (for checks that run before routing: middleware.py)."""
+    """The error body of the API `path` belongs to (for checks that run before routing: edge/middleware.py)."""
     return error_json if path in CONTRACT_PATHS else openai_error_json
 
 
@@ -106,7 +53,7 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
 def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None, retries: RetryCounter | None = None,
                       on_request: Callable[[RequestRecord], None] | None = None) -> FastAPI:
     """The ingress app over `backend`, enforcing `settings`; OpenAPI at /docs and /openapi.json. Every request
-    gets an id and an access-log line (request_id.py); `on_request` sees each finished request's record (the
+    gets an id and an access-log line (edge/request_id.py); `on_request` sees each finished request's record (the
     metrics); `retries` counts requests run again after their worker was lost."""
     settings = settings or IngressSettings()
     retries = retries or RetryCounter()
@@ -118,20 +65,16 @@ def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
     # The last added runs first: a request gets its id (and access-log line) before the key and size checks.
     app.add_middleware(GuardMiddleware, settings=settings, error_body=error_shape)
     app.add_middleware(RequestIdMiddleware, on_finish=on_request)
-    routes = GenerateRoutes(backend, settings, retries)
-    app.add_api_route(
-        "/generate", routes.generate, methods=["POST"], response_model=None,
-        summary="Generate from, or score, a prompt or a batch of prompts",
-        responses={
-            200: {"model": GenerateResponse | list[GenerateResponse],
-                  "content": {"text/event-stream": {}},
-                  "description": "One JSON answer (a list of them, in order, for a batch), or with `stream` "
-                                 "server-sent events of deltas ending in [DONE] (a batch's events carry `index`)."},
-            **error_responses(ErrorModel, body=True, generates=True, own_422=False),
-        })
-    app.add_api_route("/health", routes.health, methods=["GET"], response_model=None,
+    app.include_router(generate_router(backend, settings, retries))
+
+    async def health() -> Response:
+        if await backend.ready():
+            return JSONAnswer({"status": "ok"})
+        return JSONAnswer({"status": "unavailable"}, status_code=503)
+
+    app.add_api_route("/health", health, methods=["GET"], response_model=None,
                       summary="Ready when the ingress and at least one worker answer",
                       responses={200: {"model": HealthBody}, 503: {"model": HealthBody}})
-    # /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info (openai_routes.py).
+    # /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info (openai/router.py).
     app.include_router(openai_router(backend, settings, retries))
     return app

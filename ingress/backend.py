@@ -145,6 +145,7 @@ def _translated(exc: Exception) -> Exception:
         overloaded = Overloaded(f"The server is at capacity: {exc.message} Try again shortly "
                                 "(config field `worker_max_queued_requests`).")
         if exc.retry_after_s is not None:
+            # An instance refines its class's default (a ClassVar to mypy): Serve's own hint, in whole seconds.
             overloaded.retry_after_s = max(1, round(exc.retry_after_s))  # type: ignore[misc]
         return overloaded
     return exc
@@ -160,4 +161,4 @@ async def _call(method: Any, *args: Any) -> Any:
 
 async def _await(response: object) -> object:
     # asyncio.wait_for needs a coroutine or future; a DeploymentResponse is only awaitable.
-    return await response  # type: ignore[misc]
+    return await response  # type: ignore[misc]  # typed `object` here: Serve's response type is not imported

@@ -19,13 +19,18 @@ from ray.serve.handle import DeploymentHandle
 from ray.util.metrics import Counter
 
 from ingress.app import build_fastapi_app
-from ingress.auth import with_keys
 from ingress.backend import HandleBackend
-from ingress.metrics import IngressMetrics, replica_label
+from ingress.edge.auth import with_keys
+from ingress.edge.metrics import IngressMetrics
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
+from workers.replica import replica_label
 
 logger = logging.getLogger("ray.serve")
+
+# Logical CPUs per ingress replica: it parses, validates and relays; the workers do the compute. AppConfig's
+# `ingress_num_cpus` defaults to this.
+INGRESS_NUM_CPUS = 0.5
 
 
 def serve_http_host() -> str | None:
@@ -45,7 +50,7 @@ def serve_http_host() -> str | None:
 # app the unit tests drive with a fake) instead of methods wired to Serve's class-based views.
 # max_ongoing_requests: a streamed generation holds its slot for its whole length, so Serve's default
 # of 5 would queue the sixth client behind the first five; the workers do the real admission control.
-@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.5})
+@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": INGRESS_NUM_CPUS})
 @serve.ingress()
 class Ingress:
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse
 
+from rulebook.rules import Violation
 from workers.protocol import FinishInfo
 
 # nginx's "client closed request": written to a socket nobody reads, but it keeps access logs honest.
@@ -55,6 +56,13 @@ class IngressError(Exception):
 class InvalidRequest(IngressError):
     status = 400
     type = "invalid_request_error"
+
+
+def enforce(broken: Violation | None, param: str | None = None) -> None:
+    """A rule of the rulebook the request broke, as a 400 with the rule's message; `param` names the body's
+    field where the API names one (default: the rule's own field, if any)."""
+    if broken is not None:
+        raise InvalidRequest(broken.message, param=param or broken.param)
 
 
 class NotFound(IngressError):

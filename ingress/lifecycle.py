@@ -14,8 +14,9 @@ by `request_timeout_s`: 504 before any byte, a final `error` chunk (code 504) af
 
 A batch is N prompts -> N worker requests -> N answers in the prompts' order; a single prompt is the batch
 of one. Each step is the one place for what belongs there: a check that must come before any work is
-queued goes in `open` (the limits of limits.py are checked there, for every route); what may happen while no byte has reached the client (the status can still change)
-in `firsts` and `collect`; what concerns the whole HTTP exchange in `run`.
+queued goes in `open` (the limits of limits.py are checked there, for every route); what may happen while
+no byte has reached the client (the status can still change) in `firsts` and `collect`; what concerns the
+whole HTTP exchange in `run`.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from ingress.errors import (
 from ingress.limits import check_limits
 from ingress.retry import RetryBudget, RetryCounter
 from ingress.settings import IngressSettings
-from ingress.streaming import SSEResponse
+from ingress.sse import SSEResponse
 from workers.protocol import GenerateChunk, GenerateRequest, error_chunk, merge_outputs
 
 logger = logging.getLogger(__name__)

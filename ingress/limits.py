@@ -3,7 +3,7 @@
 Every route builds GenerateRequest carriers, and the lifecycle checks them here as it opens them
 (`Batch.open`), so a route added later gets the limits for free. A request over a limit is a 400 whose
 message names the limit and the config field that raises it. The body's size (413) is checked earlier, on
-the raw bytes (middleware.py).
+the raw bytes (edge/middleware.py).
 """
 
 from __future__ import annotations
@@ -20,21 +20,12 @@ ENTRIES_OVER = ("The request would return {entries} logprob entries (rows x (1 +
                 "this server returns at most {limit} per request (config field `max_logprob_entries`).")
 
 
-def logprob_rows(req: GenerateRequest) -> int:
-    """Rows of logprobs the request returns: its scored input rows plus its generated tokens (at most
-    max_tokens), none without return_logprob. A text prompt is never scored (scoring needs ids)."""
-    p = req.params
-    if not p.return_logprob:
-        return 0
-    scored = 0
-    if p.logprob_start_len >= 0 and req.input_ids is not None:
-        scored = max(0, len(req.input_ids) - p.logprob_start_len - 1)  # rows score ids[N+1:]
-    return scored + p.max_tokens
-
-
 def logprob_entries(req: GenerateRequest) -> int:
-    """[value, token_id] entries the request's answer holds at most: each row's own and its top-k."""
-    return logprob_rows(req) * (1 + req.params.top_logprobs_num)
+    """[value, token_id] entries the request's answer holds at most: the engine's count (SamplingParams), none
+    without return_logprob. A text prompt is never scored (scoring needs ids), so it counts no prompt rows."""
+    if not req.params.return_logprob:
+        return 0
+    return req.params.logprob_entries(len(req.input_ids) if req.input_ids is not None else 0)
 
 
 def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings) -> None:

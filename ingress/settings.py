@@ -1,28 +1,43 @@
 """What the ingress enforces on every request: limits, deadlines, retries and API keys.
 
-Plain data, built by deploy/ from the app config (whose field names the error messages quote, so a client
-learns which setting raises a limit) and handed to `build_fastapi_app`. Defaults equal AppConfig's.
+Plain frozen data, validated once at construction, each field described by its `doc` metadata. The deploy edge
+(deploy/config.py) builds its typed config from these fields, their types, defaults and docs, as it does from
+EngineConfig, so nothing here is restated there; the error messages quote the field names, so a client learns
+which setting raises a limit. The two logprob limits are the engine's fields too: their defaults are the
+rulebook's, and deploy/ passes the engine's values.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from rulebook.limits import MAX_LOGPROB_ENTRIES, MAX_TOP_LOGPROBS
+
+
+def _doc(default: Any, doc: str, **kwargs: Any) -> Any:
+    return field(default=default, metadata={"doc": doc}, **kwargs)
 
 
 @dataclass(frozen=True)
 class IngressSettings:
-    # Limits, checked before any work is queued (limits.py, middleware.py); each is an AppConfig field.
-    max_top_logprobs: int = 100  # top-k per position (/generate top_logprobs_num, OpenAI logprobs)
-    max_logprob_entries: int = 204_800  # [value, id] entries one request may return: rows x (1 + k)
-    max_request_bytes: int = 4 * 1024 * 1024  # HTTP body, bytes (413 above)
-    # Seconds a request may take from arrival to its last byte; None: no deadline.
-    request_timeout_s: float | None = 600.0
-    # How long after its worker failed a request may still be run again elsewhere (retry.py); 0: never.
-    retry_deadline_s: float = 60.0
-    # Accepted bearer keys; empty: no authentication (auth.py). Kept out of repr: settings may be logged.
+    # Limits, checked before any work is queued (limits.py, edge/middleware.py).
+    max_top_logprobs: int = MAX_TOP_LOGPROBS  # top-k per position (/generate top_logprobs_num, OpenAI logprobs)
+    max_logprob_entries: int = MAX_LOGPROB_ENTRIES  # [value, id] entries one request may return: rows x (1 + k)
+    max_request_bytes: int = _doc(4 * 1024 * 1024, "Largest HTTP request body, bytes; the ingress answers 413 above "
+                                  "it.")
+    request_timeout_s: float | None = _doc(600.0, "Seconds a request may take from arrival to its last byte; then "
+                                           "it is aborted (504, or an error event mid-stream). null: no deadline.")
+    # retry.py
+    retry_deadline_s: float = _doc(60.0, "A request whose worker died before any byte was sent runs again on "
+                                   "another (or the replacement) worker for up to this long after the failure; "
+                                   "0: never.")
+    # Accepted bearer keys; empty: no authentication (edge/auth.py). Kept out of repr: settings may be logged.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
+        if self.max_request_bytes <= 0:
+            raise ValueError(f"max_request_bytes must be positive, got {self.max_request_bytes}")
         if self.request_timeout_s is not None and self.request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be positive or None, got {self.request_timeout_s}")
         if self.retry_deadline_s < 0:

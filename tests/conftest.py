@@ -1,21 +1,33 @@
-"""Shared fixtures: tiny local checkpoints, transformers references, one model load per process."""
+"""Shared fixtures (tiny local checkpoints, the default model, the session's Ray cluster) and the test tiers.
+
+Helpers live in tests/helpers/, never here: a test imports them, not conftest. A test that deploys on Ray (in
+tests/e2e/, or any test that asks for the session's cluster) is marked `e2e`; `make test-fast` runs the rest."""
 
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
-from tests.tiny_models import build_tiny_model
+from tests.helpers.tiny_models import build_tiny_model
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# `make test-fast` sets it: a test that reaches for the cluster there was not marked e2e, and fails loudly.
+NO_RAY = "RAYSCORE_TEST_NO_RAY"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the end-to-end tier: every test under tests/e2e/, and any other that uses the Ray cluster."""
+    e2e_dir = Path(__file__).parent / "e2e"
+    for item in items:
+        if e2e_dir in item.path.parents or "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")
@@ -26,24 +38,6 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "llama-tied-llama3": build_tiny_model(root / "llama3", "llama", tie=True, rope_scaling=LLAMA3_ROPE, seed=1),
         "qwen2": build_tiny_model(root / "qwen2", "qwen2", seed=2),
     }
-
-
-@lru_cache(maxsize=8)
-def hf_model(path: str) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-@torch.inference_mode()
-def hf_logits(path: str | Path, ids: list[int]) -> torch.Tensor:
-    """transformers' single full forward: [L, V] float32 logits."""
-    return hf_model(str(path))(torch.tensor([ids])).logits[0].float()
-
-
-def hf_scores(path: str | Path, ids: list[int], start: int) -> list[float]:
-    """log_softmax(logits)[p, ids[p+1]] for p = start .. L-2."""
-    lp = torch.log_softmax(hf_logits(path, ids), dim=-1)
-    pos = torch.arange(start, len(ids) - 1)
-    return lp[pos, torch.tensor(ids[start + 1:])].tolist()
 
 
 @pytest.fixture(scope="session")
@@ -77,9 +71,11 @@ def metrics_url(serve_url: str, metrics_port: int) -> str:
 def ray_cluster(smollm2_path: Path, metrics_port: int):
     """One real local Ray cluster for the whole test session (see shared ray-notes): 8 logical CPUs so an
     ingress and several workers place on 2 cores, 2 fake GPUs for the placement test. Serve (serve_url) and
-    Ray Data (tests/test_batch_*.py) share it."""
+    Ray Data (tests/e2e/test_offline_*.py) share it."""
     import ray
 
+    if os.environ.get(NO_RAY):
+        raise RuntimeError(f"{NO_RAY} is set (the fast tier): this test needs Ray and must be marked e2e")
     ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
              runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": str(smollm2_path.parent)}})
     yield ray

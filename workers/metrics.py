@@ -9,7 +9,6 @@ with Ray's `ray_` prefix: `rayscore_preemptions_total` is scraped as `ray_raysco
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +17,7 @@ from ray.util.metrics import Counter, Gauge, Histogram
 
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.stats import StepRecord
+from engine.stats import EngineStats, ServingStats, StepRecord
 from workers.autoscaling import ONGOING_METRIC, TOKEN_LOAD_METRIC
 
 log = logging.getLogger("ray.serve")
@@ -27,7 +26,7 @@ TAGS = ("model", "replica")
 SECONDS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]
 TOKENS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 
-# Engine stats (LLMEngine.stats keys) exported as counters: metric name -> (stats key, meaning).
+# Engine stats (EngineStats fields) exported as counters: metric name -> (stats key, meaning).
 COUNTED_STATS = {
     "rayscore_prefix_cache_query_tokens_total": ("prefix_cache_query_tokens", "Prompt tokens looked up in the "
                                                  "prefix cache."),
@@ -49,21 +48,11 @@ GAUGED_STATS = {
 }
 
 
-def replica_label() -> str:
-    """`app#deployment#id` of the Serve replica this runs in; the pid outside Serve (tests, scripts)."""
-    try:
-        from ray import serve
-
-        rid = serve.get_replica_context().replica_id
-        return f"{rid.deployment_id.app_name}#{rid.deployment_id.name}#{rid.unique_id}"
-    except Exception:  # not inside a replica
-        return f"pid-{os.getpid()}"
-
-
-def autoscaling_stats(stats: dict[str, int]) -> dict[str, float]:
-    """What a worker reports to Serve's autoscaler (workers/autoscaling.py reads it)."""
-    return {TOKEN_LOAD_METRIC: float(stats["queued_tokens"] + stats["running_tokens"]),
-            ONGOING_METRIC: float(stats["waiting"] + stats["running"])}
+def autoscaling_stats(stats: ServingStats) -> dict[str, float]:
+    """What a worker reports to Serve's autoscaler (workers/autoscaling.py reads it): Serve's own format, a
+    dict of metric name -> value."""
+    return {TOKEN_LOAD_METRIC: float(stats.queued_tokens + stats.running_tokens),
+            ONGOING_METRIC: float(stats.waiting + stats.running)}
 
 
 class WorkerMetrics:
@@ -106,7 +95,7 @@ class WorkerMetrics:
         if out.arrival_time is not None and out.scheduled_time is not None:
             self._queue_time.observe(max(0.0, out.scheduled_time - out.arrival_time))
 
-    def refresh(self, stats: dict[str, int], steps: list[StepRecord]) -> None:
+    def refresh(self, stats: EngineStats, steps: list[StepRecord]) -> None:
         """Publish one reading of the engine's stats and the steps run since the previous one."""
         for name, (key, _) in GAUGED_STATS.items():
             self._gauges[name].set(stats[key])
@@ -123,7 +112,7 @@ class WorkerMetrics:
 class MetricsRefresher:
     """A daemon thread that calls `refresh(read_stats(), drain_steps())` every `interval_s` seconds."""
 
-    def __init__(self, metrics: WorkerMetrics, read_stats: Callable[[], dict[str, int]],
+    def __init__(self, metrics: WorkerMetrics, read_stats: Callable[[], EngineStats],
                  drain_steps: Callable[[], list[StepRecord]], interval_s: float = 1.0) -> None:
         self._metrics, self._read, self._drain = metrics, read_stats, drain_steps
         self._interval_s = interval_s

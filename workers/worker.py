@@ -17,8 +17,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.outputs import RequestOutput
 from workers.convert import to_chunk
-from workers.health import worker_stats
-from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats, replica_label
+from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats
 from workers.protocol import (
     ChatPrompt,
     GenerateChunk,
@@ -28,6 +27,8 @@ from workers.protocol import (
     WorkerStats,
     error_chunk,
 )
+from workers.replica import replica_label
+from workers.stats import worker_stats
 
 log = logging.getLogger("ray.serve")
 

@@ -9,23 +9,11 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from engine.attention import AttentionBackend, AttentionMetadata
-from engine.models.linear import Linear
-from engine.models.rope import RotaryEmbedding
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Same arithmetic as transformers' LlamaRMSNorm: normalize in float32, scale in the model dtype.
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+from engine.layers.activation import invariant_silu
+from engine.layers.attention import AttentionBackend, AttentionMetadata
+from engine.layers.linear import Linear
+from engine.layers.norm import RMSNorm
+from engine.layers.rope import RotaryEmbedding
 
 
 class Attention(nn.Module):
@@ -92,13 +80,6 @@ class MLP(nn.Module):
         return self.down_proj(act.mul_(up))
 
 
-def invariant_silu(x: torch.Tensor) -> torch.Tensor:
-    """SiLU whose bits do not depend on the element's place in the tensor: torch's CPU F.silu (and sigmoid) rounds
-    its scalar tail unlike its vector lanes, so a row's bits could follow the row count or the thread split; exp
-    (vectorized tail included), add and div round the same everywhere."""
-    return x / (1.0 + torch.exp(-x))
-
-
 def _fused(parts: list[Linear]) -> Linear:
     """The linears' outputs side by side: weights (and biases) concatenated along the output axis. Same values
     as the separate layers (each output is the same dot product), up to the matmul's summation order."""
@@ -118,6 +99,13 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h: torch.Tensor, rope: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        """h: [T, hidden] -> [T, hidden]: pre-norm attention, then pre-norm MLP, each added to its input."""
+        h = h + self.self_attn(self.input_layernorm(h), rope, cos, sin, k_cache, v_cache, meta, backend)
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class DecoderModel(nn.Module):
@@ -185,18 +173,13 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
         """input_ids, positions: [T]. Returns the last layer's hidden states before the final norm: [T, hidden].
         The runner applies norm + LM head only to the rows it needs."""
         h = self.model.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rope.cos_sin(positions, h.dtype)  # [T, D]
         for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches, strict=True):
-            r = h
-            h = layer.input_layernorm(h)
-            h = layer.self_attn(h, self.rope, cos, sin, k_cache, v_cache, meta, backend)
-            h = r + h
-            r = h
-            h = layer.mlp(layer.post_attention_layernorm(h))
-            h = r + h
+            h = layer(h, self.rope, cos, sin, k_cache, v_cache, meta, backend)
         return h

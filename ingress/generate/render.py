@@ -1,0 +1,52 @@
+"""/generate's payloads: a GenerateChunk -> the contract's JSON answer or event, and its error body.
+
+A chunk is already a delta (protocol.py), so one chunk is one event and a merged chunk is the whole
+answer: the same function renders both. None ("not requested") and [] ("requested, empty") pass
+through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ingress.errors import IngressError
+from ingress.sse import sse_data
+from workers.protocol import FinishInfo, GenerateChunk
+
+
+def finish_json(finish: FinishInfo) -> dict[str, Any]:
+    """`meta_info.finish_reason`: `matched` and `message` only when there is one (never the internal code)."""
+    out: dict[str, Any] = {"type": finish.type}
+    if finish.matched is not None:
+        out["matched"] = finish.matched
+    if finish.message is not None:
+        out["message"] = finish.message
+    return out
+
+
+def chunk_json(chunk: GenerateChunk) -> dict[str, Any]:
+    """The contract's answer for one chunk (streamed event) or one merged chunk (whole answer)."""
+    return {
+        "text": chunk.text,
+        "output_ids": chunk.output_ids,
+        "meta_info": {
+            "id": chunk.rid,
+            "finish_reason": finish_json(chunk.finish_reason) if chunk.finish_reason is not None else None,
+            "prompt_tokens": chunk.prompt_tokens,
+            "completion_tokens": chunk.completion_tokens,
+            "cached_tokens": chunk.cached_tokens,
+            "input_token_logprobs": chunk.input_token_logprobs,
+            "input_top_logprobs": chunk.input_top_logprobs,
+            "output_token_logprobs": chunk.output_token_logprobs,
+            "output_top_logprobs": chunk.output_top_logprobs,
+        },
+    }
+
+
+def sse_event(chunk: GenerateChunk) -> str:
+    return sse_data(chunk_json(chunk))
+
+
+def error_json(exc: IngressError) -> dict[str, Any]:
+    """The contract's error body; `param` is always null on this route."""
+    return {"object": "error", "message": exc.message, "type": exc.type, "code": exc.status, "param": None}

@@ -1,0 +1,83 @@
+"""POST /generate: the contract's route, one prompt or SGLang's batch of prompts, over the shared lifecycle."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from ingress.backend import Backend
+from ingress.edge.openapi import error_responses
+from ingress.errors import JSONAnswer
+from ingress.generate.render import chunk_json, error_json, sse_event
+from ingress.generate.schemas import ErrorBody as ErrorModel
+from ingress.generate.schemas import GenerateBody, GenerateResponse
+from ingress.generate.validation import split_batch, to_request, validate, validate_batch
+from ingress.lifecycle import Batch, Lifecycle
+from ingress.retry import RetryCounter
+from ingress.settings import IngressSettings
+from ingress.sse import SSE_DONE, sse_data
+from workers.protocol import GenerateChunk
+
+
+class GenerateRoutes:
+    """Route handlers bound to one backend; the FastAPI app is only their wiring."""
+
+    def __init__(self, backend: Backend, settings: IngressSettings, retries: RetryCounter) -> None:
+        self._backend = backend
+        self._lifecycle = Lifecycle(backend, error_json, settings, retries)
+
+    async def generate(self, body: GenerateBody, request: Request) -> Response:
+        return await self._lifecycle.run(request, lambda batch: self._generate(body, batch))
+
+    async def _generate(self, body: GenerateBody, batch: Batch) -> Response:
+        """One prompt (the batch of one), or SGLang's batch: a list of prompts, one worker request each, so the
+        router spreads them and the prefix cache shares what they have in common."""
+        info = await self._backend.model_info()
+        items = split_batch(body)
+        if items is None:
+            validate(body, info)
+        else:
+            validate_batch(items, info)
+        batch.open([to_request(item) for item in items or [body]])
+        firsts = await batch.firsts()
+        if body.stream:
+            return batch.stream(_events(firsts, batch, indexed=items is not None))
+        wholes = await batch.collect()
+        if items is None:
+            return JSONAnswer(chunk_json(wholes[0]))
+        return JSONAnswer([chunk_json(whole) for whole in wholes])
+
+
+async def _events(firsts: list[GenerateChunk], batch: Batch, indexed: bool) -> AsyncGenerator[str, None]:
+    """One event per worker chunk, then one `[DONE]`; a failure once bytes are out is the final `error` event.
+    A batch's events name their item (`index`): the first chunks in order, then as they arrive."""
+
+    def event(i: int, chunk: GenerateChunk) -> str:
+        return sse_data({**chunk_json(chunk), "index": i}) if indexed else sse_event(chunk)
+
+    for i, chunk in enumerate(firsts):
+        yield event(i, chunk)
+    async with contextlib.aclosing(batch.rest()) as rest:
+        async for i, chunk in rest:
+            yield event(i, chunk)
+    yield SSE_DONE
+
+
+def generate_router(backend: Backend, settings: IngressSettings, retries: RetryCounter) -> APIRouter:
+    """POST /generate over `backend`, for `app.include_router`."""
+    routes = GenerateRoutes(backend, settings, retries)
+    router = APIRouter()
+    router.add_api_route(
+        "/generate", routes.generate, methods=["POST"], response_model=None,
+        summary="Generate from, or score, a prompt or a batch of prompts",
+        responses={
+            200: {"model": GenerateResponse | list[GenerateResponse],
+                  "content": {"text/event-stream": {}},
+                  "description": "One JSON answer (a list of them, in order, for a batch), or with `stream` "
+                                 "server-sent events of deltas ending in [DONE] (a batch's events carry `index`)."},
+            **error_responses(ErrorModel, body=True, generates=True, own_422=False),
+        })
+    return router

@@ -1,0 +1,130 @@
+"""The contract's 400 rules, in the contract's order (first failure wins), and the body -> carrier step.
+
+Pure functions of the body and the worker's ModelInfo: no I/O, so they are tested exactly and alone.
+The rules the engine checks too are the rulebook's (rulebook/rules.py), with its messages; rule 12 (sampling
+values) is its table, checked on the carrier's SamplingParams.
+A batch (a list of prompts or of id lists) is validated item by item with the same rules: the first failing
+item's message is the single request's, prefixed with `Item {i}: `.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from ingress.edge.request_record import current_request_id
+from ingress.errors import InvalidRequest, enforce
+from ingress.generate.schemas import GenerateBody
+from rulebook import rules
+from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
+
+# Modes in which input tokens can be scored: values come straight from the raw logits.
+SCORING_MODES = ("raw_logits", "raw_logprobs")
+
+
+def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None) -> None:
+    """Raise InvalidRequest with the first failing rule's message; return when the body is valid.
+
+    `prompt_len` is the token count of a text prompt when the caller knows it. The ingress does not
+    (it has no tokenizer), so for a text prompt rule 11 is the worker's, after tokenizing.
+    """
+    k = body.top_logprobs_num
+    # 1-3: logprob options.
+    if k is not None:
+        enforce(rules.negative_top_logprobs(k))
+    if k is not None and k > 0 and body.return_logprob is not True:
+        raise InvalidRequest("top_logprobs_num requires return_logprob=True.")
+    enforce(rules.logprobs_disabled(body.return_logprob is True, info.logprobs_mode))
+    # 4-7: the prompt.
+    if (body.prompt is None) == (body.input_ids is None):
+        raise InvalidRequest("You must specify exactly one of prompt or input_ids")
+    if body.prompt == "":
+        raise InvalidRequest("The prompt must not be an empty string")
+    if body.input_ids is not None:
+        enforce(rules.empty_ids(body.input_ids))
+    if body.image_data is not None:
+        raise InvalidRequest("image input is not supported by this server.")
+    # 8-9: what to compute.
+    enforce(rules.negative_max_tokens(body.max_tokens))
+    _check_scoring(body, info)
+    # 10-11: the prompt against the model.
+    enforce(rules.token_out_of_range(body.input_ids or (), info.vocab_size))
+    n = len(body.input_ids) if body.input_ids is not None else prompt_len
+    if n is not None:
+        enforce(rules.context_too_long(n, body.max_tokens, info.max_model_len))
+    enforce(rules.sampling_violation(sampling_params(body), info.vocab_size))  # rule 12
+
+
+def split_batch(body: GenerateBody) -> list[GenerateBody] | None:
+    """A batch body's items, each a single body with its own rid; None when the body is not a batch.
+
+    Bodies with both or neither prompt form are left to rule 4, and `input_ids: []` to rule 6.
+    """
+    items: list[str] | list[list[int]]
+    if isinstance(body.prompt, list) and body.input_ids is None:
+        items, key = body.prompt, "prompt"
+    elif body.prompt is None and body.input_ids and isinstance(body.input_ids[0], list):
+        items, key = body.input_ids, "input_ids"  # type: ignore[assignment]  # a list of id lists
+    else:
+        if isinstance(body.rid, list):
+            raise InvalidRequest("The rid must be a string for a single prompt.")
+        return None
+    if not items:
+        raise InvalidRequest("The prompt must not be an empty list")
+    # Without the client's ids, item i's is the HTTP request's id (or a new one) with `-i`: one per worker request.
+    base = current_request_id() or uuid.uuid4().hex
+    rids = body.rid if body.rid is not None else [f"{base}-{i}" for i in range(len(items))]
+    if not isinstance(rids, list) or len(rids) != len(items):
+        raise InvalidRequest(f"The rid of a batch must be a list of {len(items)} strings, one per item.")
+    if len(set(rids)) != len(rids):  # two items under one id would be one request to the worker
+        raise InvalidRequest("The rid of a batch must not repeat an id: each item is its own request.")
+    other = "input_ids" if key == "prompt" else "prompt"
+    return [body.model_copy(update={key: item, other: None, "rid": rid}) for item, rid in zip(items, rids, strict=True)]
+
+
+def validate_batch(items: list[GenerateBody], info: ModelInfo) -> None:
+    """Each item against the rules; the first failure's message names its item."""
+    for i, item in enumerate(items):
+        try:
+            validate(item, info)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"Item {i}: {exc.message}") from exc
+
+
+def _check_scoring(body: GenerateBody, info: ModelInfo) -> None:
+    """Rule 9: input-token scoring (logprob_start_len >= 0) is scoring only, over given ids."""
+    n = body.logprob_start_len
+    if n < 0:
+        enforce(rules.nothing_to_compute(body.max_tokens, scores_input=False))
+        return
+    if body.return_logprob is not True:
+        raise InvalidRequest("logprob_start_len requires return_logprob=True.")
+    if info.logprobs_mode not in SCORING_MODES:
+        raise InvalidRequest("logprob_start_len requires raw_logits or raw_logprobs mode.")
+    if body.max_tokens != 0:
+        raise InvalidRequest("logprob_start_len requires max_tokens=0.")
+    if body.input_ids is None:
+        raise InvalidRequest("logprob_start_len requires input_ids.")
+    enforce(rules.start_past_end(n, len(body.input_ids)))
+
+
+def sampling_params(body: GenerateBody) -> SamplingParams:
+    """The body's parameters as the worker takes them (a lone stop string becomes a list, null k is 0)."""
+    return SamplingParams(
+        max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+        min_p=body.min_p, seed=body.seed, stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
+        stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
+        skip_special_tokens=body.skip_special_tokens, include_stop_str_in_output=body.include_stop_str_in_output,
+        return_logprob=bool(body.return_logprob), logprob_start_len=body.logprob_start_len,
+        top_logprobs_num=body.top_logprobs_num or 0)
+
+
+def to_request(body: GenerateBody) -> GenerateRequest:
+    """The worker's carrier for a validated body; the request id is the body's `rid`, else the HTTP request's
+    (X-Request-ID or made by the middleware), else a new one."""
+    assert not isinstance(body.rid, list), "a batch is split into single bodies first"
+    return GenerateRequest(
+        rid=body.rid or current_request_id() or uuid.uuid4().hex,
+        input_ids=list(body.input_ids) if body.input_ids is not None else None,
+        prompt=body.prompt,
+        params=sampling_params(body),
+    )

@@ -1,0 +1,140 @@
+"""POST /v1/chat/completions: OpenAI chat completions over the same request lifecycle as /generate.
+
+The worker renders the messages with the served tokenizer's chat template (the assistant's turn opened) and
+tokenizes them; the prompt is then one worker request, as /v1/completions sends it, with the same sampling
+rules, limits and error shapes. `logprobs` / `top_logprobs` come back as OpenAI's `logprobs.content[]`; with
+`stream`, `chat.completion.chunk` events carry `delta`s (the first names the role), then usage when asked
+for, then [DONE].
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, replace
+
+from fastapi import Request
+from starlette.responses import Response
+
+from ingress.backend import Backend
+from ingress.edge.request_record import current_request_id
+from ingress.errors import InvalidRequest, JSONAnswer
+from ingress.lifecycle import Batch, Lifecycle
+from ingress.openai.answer import openai_events, token_texts
+from ingress.openai.chat_render import ChatChoice
+from ingress.openai.chat_schemas import ChatBody, ChatMessage
+from ingress.openai.render import completion_json, usage_json
+from ingress.openai.validation import (
+    check_logprobs,
+    check_model,
+    check_prompt,
+    check_unsupported,
+    include_usage,
+    sampling_params,
+)
+from ingress.sse import sse_data
+from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
+
+Head = tuple[str, int, str]  # id, created, model
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """A validated chat body's settings with OpenAI's defaults applied (null = default)."""
+
+    messages: list[dict[str, str]]  # as the chat template takes them
+    logprobs: int | None  # None: no logprobs; k >= 0: each token's own and k alternatives
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None  # None: up to the context length
+    params: SamplingParams  # max_tokens is set per prompt (`max_tokens_for`)
+
+    def max_tokens_for(self, prompt_len: int, info: ModelInfo) -> int:
+        # Without a limit, what the context leaves (at least 1, so that a prompt filling it is a 400).
+        return self.max_tokens if self.max_tokens is not None else max(1, info.max_model_len - prompt_len)
+
+
+def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:
+    """Raise InvalidRequest (or NotFound) for the first rule the body breaks; return its settings otherwise."""
+    check_model(body.model, info)
+    check_unsupported(body)
+    if body.tools:
+        raise InvalidRequest("tools are not supported by this server.", param="tools")
+    if body.response_format not in (None, {"type": "text"}):
+        raise InvalidRequest("response_format is not supported by this server: only {\"type\": \"text\"}.",
+                             param="response_format")
+    messages = template_messages(body.messages)
+    name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidRequest(f"The {name} {max_tokens} must be a positive integer.", param=name)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequest("top_logprobs requires logprobs=true.", param="top_logprobs")
+    k = (body.top_logprobs or 0) if body.logprobs else None
+    check_logprobs(k, info, "logprobs" if body.top_logprobs is None else "top_logprobs")
+    params = sampling_params(body, info, max_tokens or 1, k)
+    return ChatSettings(messages=messages, logprobs=k, stream=bool(body.stream), include_usage=include_usage(body),
+                        max_tokens=max_tokens, params=params)
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """The messages as chat templates take them: role and text content (text parts joined by newlines)."""
+    if not messages:
+        raise InvalidRequest("messages must not be empty.", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        parts = [m.content] if isinstance(m.content, str) else list(m.content or [])
+        texts = []
+        for part in parts:
+            if not isinstance(part, str) and (part.type != "text" or part.text is None):
+                raise InvalidRequest(f"The message at index {i} has a `{part.type}` part: only text content is "
+                                     "supported by this server.", param="messages")
+            texts.append(part if isinstance(part, str) else part.text)
+        out.append({"role": m.role, "content": "\n".join(texts)})
+    return out
+
+
+class ChatRoutes:
+    """The /v1/chat/completions handler bound to one backend (router.py wires it)."""
+
+    def __init__(self, backend: Backend, lifecycle: Lifecycle) -> None:
+        self._backend = backend
+        self._lifecycle = lifecycle
+
+    async def chat(self, body: ChatBody, request: Request) -> Response:
+        return await self._lifecycle.run(request, lambda batch: self._chat(body, batch))
+
+    async def _chat(self, body: ChatBody, batch: Batch) -> Response:
+        info = await self._backend.model_info()
+        settings = validate_chat(body, info)
+        prompt = await self._backend.apply_chat_template(settings.messages)
+        if prompt.error is not None:
+            raise InvalidRequest(prompt.error, param="messages")
+        max_tokens = settings.max_tokens_for(len(prompt.ids), info)
+        check_prompt(None, prompt.ids, max_tokens, info, param="messages")
+
+        cid = f"chatcmpl-{current_request_id() or uuid.uuid4().hex}"
+        head = (cid, int(time.time()), info.model_name)
+        batch.open([GenerateRequest(rid=cid, input_ids=prompt.ids,
+                                    params=replace(settings.params, max_tokens=max_tokens))])
+        choice = ChatChoice(prompt.ids, settings.logprobs)
+        firsts = await batch.firsts()
+        if settings.stream:
+            return batch.stream(self._events(head, choice, firsts, batch, settings.include_usage))
+        (whole,) = await batch.collect()
+        texts = await token_texts(self._backend, choice.needed_ids(whole))
+        out = choice.render(whole, texts, stream=False)
+        return JSONAnswer(completion_json(*head, [out], usage_json([choice]), obj="chat.completion"))
+
+    def _events(self, head: Head, choice: ChatChoice, firsts: list[GenerateChunk], batch: Batch,
+                with_usage: bool) -> AsyncGenerator[str, None]:
+        async def event(_: int, chunk: GenerateChunk) -> str:
+            texts = await token_texts(self._backend, choice.needed_ids(chunk))
+            delta = choice.render(chunk, texts, stream=True)
+            return sse_data(completion_json(*head, [delta], with_usage=with_usage, obj="chat.completion.chunk"))
+
+        def usage() -> str:
+            return sse_data(completion_json(*head, [], usage_json([choice]), obj="chat.completion.chunk"))
+
+        return openai_events(head[0], firsts, batch, event, [0], usage if with_usage else None)

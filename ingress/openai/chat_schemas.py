@@ -1,0 +1,84 @@
+"""The HTTP shapes of `POST /v1/chat/completions`: the request body FastAPI validates, response models for OpenAPI.
+
+OpenAI's chat completions: messages with text content (a string, or a list of text parts), sampling and
+stopping as /v1/completions (`SamplingFields`), `logprobs` / `top_logprobs` as OpenAI spells them. Type
+errors are 422s; value errors are validation.py's 400s, naming the field in `param`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ingress.openai.schemas import STRICT_BODY, SamplingFields, Usage
+
+
+class ContentPart(BaseModel):
+    model_config = STRICT_BODY
+
+    type: str = Field(description="Only `text`: this server serves a text-only model.")
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = STRICT_BODY
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = Field(None, description="Text, or a list of text parts (joined).")
+    name: str | None = None
+
+
+class ChatBody(SamplingFields):
+    """Request body of `POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage] = Field(description="The conversation, rendered by the served tokenizer's chat "
+                                        "template with the assistant's turn opened.")
+    max_completion_tokens: int | None = Field(None, description="Tokens to generate; null: up to the context "
+                                              "length. Takes precedence over `max_tokens`.")
+    max_tokens: int | None = Field(None, description="Deprecated by OpenAI for `max_completion_tokens`; same "
+                                   "meaning.")
+    logprobs: bool | None = Field(False, description="Return each generated token's logprob.")
+    top_logprobs: int | None = Field(None, description="With `logprobs`: also the k (0-20) most likely tokens "
+                                     "per position.")
+    tools: list[Any] | None = Field(None, description="Not supported: only null or [].")
+    response_format: dict[str, Any] | None = Field(None, description="Only null or {\"type\": \"text\"}.")
+
+
+# Response models: documentation only (the route builds its JSON by hand, see chat_render.py).
+
+class TopLogprob(BaseModel):
+    token: str = Field(description="The token decoded alone.")
+    logprob: float
+    bytes: list[int] = Field(description="The UTF-8 bytes of `token`.")
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(description="The `top_logprobs` most likely tokens, best first.")
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatResponse(BaseModel):
+    """The JSON answer; with `stream`, `chat.completion.chunk` events carry `delta` instead of `message`."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage

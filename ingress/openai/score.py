@@ -1,0 +1,147 @@
+"""POST /v1/score: SGLang's decoder-only scoring. For each item, the next-token probabilities of the label
+tokens after query+item (item+query with `item_first`).
+
+Request and answer as SGLang's: `query` and `items` both text (the pair is concatenated, then tokenized) or
+both token ids (concatenated), `label_token_ids`, `apply_softmax`, `item_first`, `model`; the answer is
+`{"scores": [[p per label] per item], "model", "usage", "object": "scoring"}`. Without `apply_softmax` a
+score is the label's probability under the full next-token distribution; with it, the softmax over the label
+tokens' logits alone (so an item's scores sum to 1).
+
+Exact by construction, on the engine's scoring path: label t of an item is the worker request
+query+item+[t] with the boundary at its last position but one, whose single row is log p(t | query+item),
+the same value /generate's scoring returns. The item's requests share everything but their last token, and
+every item shares the query: the prefix router sends them to one worker, whose prefix cache (with the
+hidden-state store) computes the shared tokens once.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+from fastapi import Request
+from pydantic import BaseModel, Field
+from starlette.responses import Response
+
+from ingress.backend import Backend
+from ingress.edge.request_record import current_request_id
+from ingress.errors import InvalidRequest, JSONAnswer
+from ingress.lifecycle import Batch, Lifecycle, all_or_none
+from ingress.openai.schemas import STRICT_BODY, Usage
+from ingress.openai.validation import check_model
+from rulebook.rules import TOKEN_OUT_OF_RANGE
+from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
+
+
+class ScoreBody(BaseModel):
+    """Request body of `POST /v1/score` (SGLang's ScoringRequest)."""
+
+    model_config = STRICT_BODY
+
+    model: str | None = Field(None, description="Must be the served model's name when given.")
+    query: str | list[int] | None = Field(None, description="Text, or token ids: the same kind as `items`.")
+    items: str | list[str] | list[list[int]] | None = Field(
+        None, description="One item (text) or a list of them (texts, or token-id lists): one score list each.")
+    label_token_ids: list[int] | None = Field(None, description="The tokens whose next-token probability "
+                                              "each item gets, in this order.")
+    apply_softmax: bool = Field(False, description="Softmax over the label tokens' logits (each item's scores "
+                                "sum to 1) instead of their probabilities under the full distribution.")
+    item_first: bool = Field(False, description="Score item+query instead of query+item.")
+
+
+class ScoreResponse(BaseModel):
+    scores: list[list[float]] = Field(description="Per item, in order, one probability per label token.")
+    model: str
+    usage: Usage = Field(description="prompt_tokens: the query+item tokens of every item.")
+    object: str = "scoring"
+
+
+def validate_score(body: ScoreBody, info: ModelInfo) -> tuple[str | list[int], list[str] | list[list[int]]]:
+    """The body's query and items (a lone text item as a list of one), or InvalidRequest / NotFound."""
+    check_model(body.model, info)
+    labels = body.label_token_ids
+    if not labels:
+        raise InvalidRequest("label_token_ids must be a non-empty list of token ids.", param="label_token_ids")
+    _check_ids(labels, info, "label_token_ids")
+    if info.logprobs_mode != "raw_logprobs" and not (body.apply_softmax and info.logprobs_mode == "raw_logits"):
+        raise InvalidRequest(f"Scoring with apply_softmax={body.apply_softmax} needs the server's raw_logprobs "
+                             f"mode; it runs {info.logprobs_mode}.", param="apply_softmax")
+    if body.query is None or body.items is None:
+        raise InvalidRequest("query and items must be provided.", param="query" if body.query is None else "items")
+    items = [body.items] if isinstance(body.items, str) else body.items
+    text_query = isinstance(body.query, str)
+    if any(isinstance(item, str) != text_query for item in items):
+        raise InvalidRequest("query and items must both be text or both be token ids.", param="items")
+    if not text_query:
+        _check_ids(body.query, info, "query")  # type: ignore[arg-type]  # ids, as just checked
+        for item in items:
+            _check_ids(item, info, "items")  # type: ignore[arg-type]  # ids, as just checked
+    return body.query, items
+
+
+def _check_ids(ids: list[int], info: ModelInfo, param: str) -> None:
+    bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest(TOKEN_OUT_OF_RANGE.format(token_id=bad, vocab_size=info.vocab_size), param=param)
+
+
+def check_prompt_len(i: int, ids: list[int], info: ModelInfo) -> None:
+    """Item i's prompt has a token to predict from, and room for a label token after it."""
+    if not ids:
+        raise InvalidRequest(f"Item {i}: query and item have no tokens.", param="items")
+    if len(ids) + 1 > info.max_model_len:
+        raise InvalidRequest(f"Item {i}: query and item are {len(ids)} tokens; with a label token they exceed "
+                             f"the model's context length {info.max_model_len}.", param="items")
+
+
+def label_request(rid: str, ids: list[int], label: int) -> GenerateRequest:
+    """ids+[label], scored from its last position but one: its one row is log p(label | ids)."""
+    params = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=len(ids) - 1)
+    return GenerateRequest(rid=rid, input_ids=[*ids, label], params=params)
+
+
+def probabilities(values: list[float], apply_softmax: bool) -> list[float]:
+    """Label values (logprobs, or raw logits with apply_softmax) -> the answer's probabilities."""
+    if not apply_softmax:
+        return [math.exp(v) for v in values]
+    top = max(values)
+    weights = [math.exp(v - top) for v in values]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+class ScoreRoutes:
+    """The /v1/score handler bound to one backend (router.py wires it)."""
+
+    def __init__(self, backend: Backend, lifecycle: Lifecycle) -> None:
+        self._backend = backend
+        self._lifecycle = lifecycle
+
+    async def score(self, body: ScoreBody, request: Request) -> Response:
+        return await self._lifecycle.run(request, lambda batch: self._score(body, batch))
+
+    async def _score(self, body: ScoreBody, batch: Batch) -> Response:
+        info = await self._backend.model_info()
+        query, items = validate_score(body, info)
+        prompts = await all_or_none(self._ids(query, item, body.item_first) for item in items)
+        for i, ids in enumerate(prompts):
+            check_prompt_len(i, ids, info)
+        labels = body.label_token_ids or []
+        sid = f"score-{current_request_id() or uuid.uuid4().hex}"
+        batch.open([label_request(f"{sid}-{i}-{j}", ids, t)
+                    for i, ids in enumerate(prompts) for j, t in enumerate(labels)])
+        await batch.firsts()
+        # A label request scores exactly one row, so its input_token_logprobs is never None here.
+        rows = [whole.input_token_logprobs[0][0] for whole in await batch.collect()]  # type: ignore[index]
+        scores = [probabilities(rows[i * len(labels):(i + 1) * len(labels)], body.apply_softmax)
+                  for i in range(len(prompts))]
+        n = sum(len(ids) for ids in prompts)
+        usage = {"prompt_tokens": n, "completion_tokens": 0, "total_tokens": n}
+        return JSONAnswer({"scores": scores, "model": info.model_name, "usage": usage, "object": "scoring"})
+
+    async def _ids(self, query: str | list[int], item: str | list[int], item_first: bool) -> list[int]:
+        """The pair's ids: texts are joined, then tokenized as a text prompt is (SGLang's order of steps)."""
+        first, second = (item, query) if item_first else (query, item)
+        if isinstance(first, str) and isinstance(second, str):
+            return await self._backend.tokenize(first + second)
+        return [*first, *second]  # type: ignore[misc]  # both ids (validate_score)

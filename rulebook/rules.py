@@ -1,0 +1,130 @@
+"""The request rulebook: every rule a request's parameters must keep, with its one message, written once.
+
+Pure (no torch, no Ray, no web framework, nothing of ours at run time), so both sides call it: the ingress
+before any work is queued (generate/validation.py, openai/validation.py, its other routes), and the engine
+as its last line of defence (LLMEngine.add_request), with the same texts. Each check returns the broken
+rule as a Violation, or None; the caller raises it as its own error type (the ingress's InvalidRequest,
+the engine's RequestError) and decides where in its own order of rules the check runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# Torch generators take seeds in [0, 2**64); the bound also stops a 10**30 seed before it reaches a tensor.
+MAX_SEED = 2**63 - 1
+
+# A worker can send these back too: it checks a text prompt against the context length after tokenizing it,
+# with this same text, as an error finish with code 400.
+TOKEN_OUT_OF_RANGE = "Token id {token_id} is out of range for the vocabulary size {vocab_size}."
+CONTEXT_TOO_LONG = (
+    "The prompt length {prompt_len} plus max_tokens {max_tokens} exceeds the model's context length {context_len}."
+)
+MAX_TOKENS_NEGATIVE = "The max_tokens {max_tokens} must be non-negative."
+EMPTY_INPUT_IDS = "The input_ids must not be an empty list"
+LOGPROBS_DISABLED = "return_logprob(True) requested but not enabled logprobs_mode in engine configuration."
+START_PAST_END = ("logprob_start_len({start}) exceeds the last scorable source position for input_ids "
+                  "length({num_ids}).")
+NOTHING_TO_COMPUTE = "The max_tokens 0 must be a positive integer."
+NEGATIVE_TOP_LOGPROBS = "The top_logprobs_num {k} cannot be a negative integer."
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A broken rule: its message, and the request field it concerns (None: the request as a whole)."""
+
+    message: str
+    param: str | None = None
+
+
+class Sampling(Protocol):
+    """What the sampling rules read of a request (engine/sampling_params.py's SamplingParams)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: int | None
+    top_logprobs_num: int
+    stop: list[str]
+    stop_token_ids: list[int]
+
+
+def empty_ids(ids: Sequence[int]) -> Violation | None:
+    return Violation(EMPTY_INPUT_IDS) if not ids else None
+
+
+def token_out_of_range(ids: Sequence[int], vocab_size: int) -> Violation | None:
+    """The first id outside [0, vocab_size)."""
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    return None if bad is None else Violation(TOKEN_OUT_OF_RANGE.format(token_id=bad, vocab_size=vocab_size))
+
+
+def negative_max_tokens(max_tokens: int) -> Violation | None:
+    return Violation(MAX_TOKENS_NEGATIVE.format(max_tokens=max_tokens)) if max_tokens < 0 else None
+
+
+def context_too_long(prompt_len: int, max_tokens: int, context_len: int) -> Violation | None:
+    if prompt_len + max_tokens <= context_len:
+        return None
+    return Violation(CONTEXT_TOO_LONG.format(prompt_len=prompt_len, max_tokens=max_tokens, context_len=context_len))
+
+
+def logprobs_disabled(return_logprob: bool, logprobs_mode: str) -> Violation | None:
+    return Violation(LOGPROBS_DISABLED) if return_logprob and logprobs_mode == "none" else None
+
+
+def start_past_end(start: int, num_ids: int) -> Violation | None:
+    """Scoring rows score ids[start+1:], so at least one id must follow the boundary."""
+    return Violation(START_PAST_END.format(start=start, num_ids=num_ids)) if start + 1 >= num_ids else None
+
+
+def nothing_to_compute(max_tokens: int, scores_input: bool) -> Violation | None:
+    """Without a scoring boundary, max_tokens=0 would compute nothing."""
+    return Violation(NOTHING_TO_COMPUTE) if max_tokens == 0 and not scores_input else None
+
+
+def negative_top_logprobs(k: int) -> Violation | None:
+    return Violation(NEGATIVE_TOP_LOGPROBS.format(k=k)) if k < 0 else None
+
+
+@dataclass(frozen=True)
+class SamplingRule:
+    """`ok(value, vocab_size)` must hold for the field (for each entry of a list field, with `each`);
+    otherwise the request is a 400 whose message is `text` with {value} (the offending value) and {vocab}."""
+
+    field: str
+    ok: Callable[[Any, int], bool]
+    text: str
+    each: bool = False
+
+
+# In the order they are checked (first failure wins). Upper bounds on integers matter as much as lower
+# ones: a 10**30 that reached a torch call would be a 5xx, and nothing a client sends may be.
+SAMPLING_RULES: tuple[SamplingRule, ...] = (
+    SamplingRule("temperature", lambda x, v: x >= 0, "The temperature {value} must be non-negative."),
+    SamplingRule("top_p", lambda x, v: 0 < x <= 1, "The top_p {value} must be in (0, 1]."),
+    SamplingRule("top_k", lambda x, v: -1 <= x <= v,
+                 "The top_k {value} must be -1 (disabled) or at most the vocabulary size {vocab}."),
+    SamplingRule("min_p", lambda x, v: 0 <= x <= 1, "The min_p {value} must be in [0, 1]."),
+    SamplingRule("seed", lambda x, v: x is None or 0 <= x <= MAX_SEED,
+                 "The seed {value} must be in [0, " + str(MAX_SEED) + "]."),
+    SamplingRule("top_logprobs_num", lambda x, v: x <= v,
+                 "The top_logprobs_num {value} exceeds the vocabulary size {vocab}."),
+    # An empty stop string would match at every position and end generation at once.
+    SamplingRule("stop", lambda x, v: x != "", "The stop strings must not be empty.", each=True),
+    SamplingRule("stop_token_ids", lambda x, v: 0 <= x < v,
+                 "The stop_token_ids entry {value} is out of range for the vocabulary size {vocab}.", each=True),
+)
+
+
+def sampling_violation(params: Sampling, vocab_size: int) -> Violation | None:
+    """The first sampling rule `params` breaks (`param` = the field)."""
+    for rule in SAMPLING_RULES:
+        value = getattr(params, rule.field)
+        for item in value if rule.each else (value,):
+            if not rule.ok(item, vocab_size):
+                return Violation(rule.text.format(value=item, vocab=vocab_size), param=rule.field)
+    return None

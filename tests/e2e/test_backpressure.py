@@ -1,0 +1,51 @@
+"""Serve's own backpressure (max_queued_requests on the worker deployment) reaches the client as a 503 with
+Retry-After at once, in both error shapes, while the admitted requests are answered. Real Ray: an app bound
+here with one worker slot and one queue place, so a burst overflows it for sure."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+from ray import serve
+
+from deploy.config import AppConfig
+from ingress.deployment import Ingress
+from tests.helpers.serve import app_args, wait_ready
+from workers.worker import EngineWorkerDeployment
+
+
+def test_serve_backpressure_is_503_with_retry_after_at_once(serve_url: str) -> None:
+    cfg = AppConfig.model_validate(app_args(num_workers=1))
+    worker = EngineWorkerDeployment.options(
+        num_replicas=1, max_ongoing_requests=1, max_queued_requests=1,
+        ray_actor_options={"num_cpus": cfg.worker_num_cpus}).bind(cfg.engine_config(), cfg.model_name)
+    app, url = "backpressure", serve_url + "/backpressure"
+    serve.run(Ingress.options(ray_actor_options={"num_cpus": 0.1}).bind(worker, settings=cfg.ingress_settings()),
+              name=app, route_prefix="/backpressure", blocking=False)
+    wait_ready(app)
+    try:
+        # Long enough to still run when the refused requests arrive (~1 s later): seconds on any CPU.
+        long = {"prompt": "Count:", "max_tokens": 150, "ignore_eos": True}
+        held: list[httpx.Response] = []
+        threads = [threading.Thread(target=lambda: held.append(httpx.post(url + "/generate", json=long, timeout=300)))
+                   for _ in range(2)]  # one runs, one waits in Serve's queue
+        for t in threads:
+            t.start()
+            time.sleep(0.5)
+        refused = []
+        for path, body in (("/generate", long), ("/v1/completions", {"prompt": "Count:", "max_tokens": 5})):
+            t0 = time.monotonic()
+            r = httpx.post(url + path, json=body, timeout=60)
+            refused.append((r, time.monotonic() - t0))
+        for t in threads:
+            t.join(300)
+        (g, g_s), (o, o_s) = refused
+        assert g.status_code == 503 and g.headers.get("retry-after") == "1", g.text
+        assert g.json()["code"] == 503 and "max_queued_requests" in g.json()["message"]
+        assert o.status_code == 503 and o.headers["retry-after"] == "1" and o.json()["error"]["code"] == 503
+        assert g_s < 5 and o_s < 5  # refused at once, not after queuing (a generous bound for a loaded CI box)
+        assert [r.status_code for r in held] == [200, 200]
+    finally:
+        serve.delete(app)

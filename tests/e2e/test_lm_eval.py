@@ -1,0 +1,45 @@
+"""lm-evaluation-harness, unmodified, against rayscore: its `local-completions` backend (OpenAI legacy
+completions, echo + logprobs) over the served app must give exactly what its `hf` backend gives on the
+same model: the same accuracy, and every request's loglikelihood within 1e-4 (float32). The task and the
+runs are bench/lm_eval_compare.py's (also a script, for timings on a bigger task)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.lm_eval_compare import compare, hf_args, rayscore_args, run_lm_eval, write_task
+
+ATOL = 1e-4
+QUESTIONS = 20  # 80 loglikelihood requests per backend (two lm-eval processes: their start-up is most of the time)
+
+# --- the test --------------------------------------------------------------------------------------------
+
+APP = "lmeval"
+PREFIX = "/lmeval"
+
+
+@pytest.fixture(scope="module")
+def url(serve_url: str) -> str:
+    from ray import serve
+
+    from tests.helpers.serve import app_args, deploy
+
+    deploy(APP, PREFIX, app_args(num_workers=1))
+    yield serve_url + PREFIX
+    serve.delete(APP)
+
+
+def test_lm_eval_local_completions_equals_its_hf_backend(url: str, smollm2_path: Path, tmp_path: Path) -> None:
+    pytest.importorskip("lm_eval")
+    task_dir = write_task(tmp_path / "task", QUESTIONS)
+    ours = run_lm_eval("local-completions", rayscore_args(url), task_dir, tmp_path / "rayscore", batch_size=4)
+    assert "remote tokenizer" in ours["log"].lower()
+    ref = run_lm_eval("hf", hf_args(smollm2_path), task_dir, tmp_path / "hf")
+    agreement = compare(ours, ref)
+    print(f"lm-eval wall time: rayscore {ours['wall_s']:.1f} s, hf {ref['wall_s']:.1f} s; {agreement}")
+    assert agreement["requests"] == QUESTIONS * 4
+    assert agreement["max_abs_loglikelihood_diff"] <= ATOL
+    assert agreement["acc"][0] == agreement["acc"][1] and agreement["acc_norm"][0] == agreement["acc_norm"][1]
+    assert agreement["is_greedy_agree"] == f"{QUESTIONS * 4}/{QUESTIONS * 4}"

@@ -1,0 +1,114 @@
+"""A fake worker for the OpenAI-compatible routes' unit tests, and the calls those tests make.
+
+No Ray: the app of `build_fastapi_app` over a fake worker whose tokenizer maps each printable character to
+one id (id = ord(c) - 32), whose chat template writes `role: content|` per message, and whose model scores and
+generates deterministically.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from ingress.app import build_fastapi_app
+from tests.helpers.fakes import FakeBackend
+from workers.protocol import ChatPrompt, FinishInfo, GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo
+
+INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=64, logprobs_mode="raw_logprobs")
+
+
+def text_of(i: int) -> str:
+    return chr(i + 32)
+
+
+def value(pos: int, token: int) -> float:
+    """The fake model's log p(token | first pos tokens)."""
+    return -0.25 * (pos % 5) - 0.01 * token
+
+
+def model(req: GenerateRequest):
+    """Scores ids[N+1:] in the first chunk, then generates id = previous + 1, one token per chunk."""
+    ids = list(req.input_ids or [])
+    k = req.params.top_logprobs_num
+    rows = tops = None
+    if req.params.logprob_start_len >= 0:
+        rows = [[value(p, ids[p]), ids[p]] for p in range(req.params.logprob_start_len + 1, len(ids))]
+        tops = [[[-0.001 * j, j] for j in range(k)] for _ in rows] if k else None
+    if req.params.max_tokens == 0:
+        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishInfo("length"), prompt_tokens=len(ids),
+                            input_token_logprobs=rows, input_top_logprobs=tops)
+        return
+    lp = req.params.return_logprob
+    tok = ids[-1]
+    for i in range(req.params.max_tokens):
+        tok = (tok + 1) % INFO.vocab_size
+        last = i == req.params.max_tokens - 1
+        yield GenerateChunk(
+            rid=req.rid, text=text_of(tok), output_ids=[tok], finished=last,
+            finish_reason=FinishInfo("length") if last else None, prompt_tokens=len(ids), completion_tokens=i + 1,
+            input_token_logprobs=(rows if i == 0 else []) if rows is not None else None,
+            input_top_logprobs=(tops if i == 0 else []) if tops is not None else None,
+            output_token_logprobs=[[value(len(ids) + i, tok), tok]] if lp else None,
+            output_top_logprobs=([[[-0.001 * j, j] for j in range(k)]] if k else []) if lp else None)
+
+
+class Backend(FakeBackend):
+    def __init__(self, script=model) -> None:
+        super().__init__(script)
+        self.info = INFO
+        self.token_text_calls = 0
+        self.chat_messages: list[list[dict[str, str]]] = []
+
+    async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return ([99] if add_special_tokens else []) + [ord(c) - 32 for c in text]
+
+    async def detokenize(self, ids: list[int]) -> str:
+        return "".join(text_of(i) for i in ids)
+
+    async def token_texts(self, ids: list[int]) -> list[str]:
+        self.token_text_calls += 1
+        return [text_of(i) for i in ids]
+
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> ChatPrompt:
+        self.chat_messages.append(messages)
+        if any(m["role"] not in ("system", "user", "assistant") for m in messages):
+            return ChatPrompt([], error="The chat template rejected the messages: unknown role")
+        text = "".join(f"{m['role']}: {m['content']}|" for m in messages) + "assistant: "
+        return ChatPrompt(await self.tokenize(text))
+
+    async def tokenizer_info(self) -> TokenizerInfo:
+        return TokenizerInfo(model_name="tiny", tokenizer_class="Fake", vocab_size=100, max_model_len=64,
+                             eos_token="~", eos_token_id=94, bos_token=None, bos_token_id=None, pad_token=None,
+                             pad_token_id=None, chat_template="{{ messages }}")
+
+
+async def call(backend: Backend, method: str, path: str, body: object = None, **kwargs) -> httpx.Response:
+    app = build_fastapi_app(backend)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+        if isinstance(body, (bytes, str)):
+            return await c.request(method, path, content=body, headers={"content-type": "application/json"})
+        return await c.request(method, path, json=body, **kwargs)
+
+
+async def complete(body: dict, backend: Backend | None = None) -> httpx.Response:
+    return await call(backend or Backend(), "POST", "/v1/completions", body)
+
+
+def sse(resp: httpx.Response) -> list:
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    blocks = resp.text.split("\n\n")
+    assert blocks[-1] == "" and all(b.startswith("data: ") for b in blocks[:-1])
+    out = [b[6:] if b[6:] == "[DONE]" else json.loads(b[6:]) for b in blocks[:-1]]
+    assert out[-1] == "[DONE]" and "[DONE]" not in out[:-1]
+    return out[:-1]
+
+
+def error(resp: httpx.Response, status: int, param: str | None = None) -> str:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == status
+    if param is not None:
+        assert body["error"]["param"] == param
+    return body["error"]["message"]

@@ -1,0 +1,27 @@
+"""transformers as the reference: its single full forward's logits and scores, one model load per process."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+
+@lru_cache(maxsize=8)
+def hf_model(path: str) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@torch.inference_mode()
+def hf_logits(path: str | Path, ids: list[int]) -> torch.Tensor:
+    """transformers' single full forward: [L, V] float32 logits."""
+    return hf_model(str(path))(torch.tensor([ids])).logits[0].float()
+
+
+def hf_scores(path: str | Path, ids: list[int], start: int) -> list[float]:
+    """log_softmax(logits)[p, ids[p+1]] for p = start .. L-2."""
+    lp = torch.log_softmax(hf_logits(path, ids), dim=-1)
+    pos = torch.arange(start, len(ids) - 1)
+    return lp[pos, torch.tensor(ids[start + 1:])].tolist()

@@ -1,0 +1,109 @@
+"""HandleBackend over a fake DeploymentHandle (no Ray): caching, cancellation, readiness; import hygiene."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from ingress.backend import HandleBackend
+from tests.helpers.fakes import HANG, INFO, FakeHandle, FakeMethod
+from workers.protocol import FinishInfo, GenerateChunk, GenerateRequest
+
+
+def chunks(n: int) -> list[GenerateChunk]:
+    out = [GenerateChunk(rid="r", output_ids=[i]) for i in range(n - 1)]
+    return [
+        *out,
+        GenerateChunk(rid="r", output_ids=[n], finished=True, finish_reason=FinishInfo(type="length")),
+    ]
+
+
+REQ = GenerateRequest(rid="r", input_ids=[1])
+
+
+async def test_model_info_is_cached_after_first_success():
+    handle = FakeHandle()
+    handle.model_info = FakeMethod([RuntimeError("no replica yet")], [INFO])
+    backend = HandleBackend(handle)
+    with pytest.raises(RuntimeError):
+        await backend.model_info()
+    assert await backend.model_info() == INFO
+    assert await backend.model_info() == INFO
+    assert len(handle.model_info.responses) == 2
+
+
+async def test_stream_goes_through_the_streaming_handle_and_is_not_cancelled_when_complete():
+    handle = FakeHandle()
+    backend = HandleBackend(handle)
+    handle.options(stream=True).generate = FakeMethod(chunks(3))
+    got = [c async for c in backend.stream(REQ)]
+    assert [c.output_ids for c in got] == [[0], [1], [3]]
+    assert handle.generate.responses == []  # not through the unary handle
+    assert handle.options(stream=True).is_stream
+    assert not handle.options(stream=True).generate.responses[0].cancelled
+
+
+async def test_closing_the_stream_early_cancels_the_worker_call():
+    handle = FakeHandle()
+    backend = HandleBackend(handle)
+    handle.options(stream=True).generate = FakeMethod(chunks(5))
+    stream = backend.stream(REQ)
+    await anext(stream)
+    await stream.aclose()
+    assert handle.options(stream=True).generate.responses[0].cancelled
+
+
+async def test_cancelling_the_consumer_cancels_the_worker_call():
+    handle = FakeHandle()
+    backend = HandleBackend(handle)
+    handle.options(stream=True).generate = FakeMethod([chunks(2)[0], HANG])
+
+    async def consume():
+        async for _ in backend.stream(REQ):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert handle.options(stream=True).generate.responses[0].cancelled
+
+
+async def test_worker_error_propagates_and_cancels():
+    handle = FakeHandle()
+    backend = HandleBackend(handle)
+    handle.options(stream=True).generate = FakeMethod([chunks(2)[0], RuntimeError("actor died")])
+    with pytest.raises(RuntimeError):
+        async for _ in backend.stream(REQ):
+            pass
+    assert handle.options(stream=True).generate.responses[0].cancelled
+
+
+async def test_ready():
+    handle = FakeHandle()
+    assert await HandleBackend(handle).ready() is True
+    handle.stats = FakeMethod([RuntimeError("dead")])
+    assert await HandleBackend(handle).ready() is False
+    handle.stats = FakeMethod([HANG])
+    assert await HandleBackend(handle, ready_timeout_s=0.05).ready() is False
+    assert handle.stats.responses[0].cancelled
+
+
+def test_ingress_never_imports_the_engine():
+    # Of the engine, only the pure message modules that workers.protocol re-exports (SamplingParams, the
+    # finish and the merge of deltas); never the engine's machinery, never torch.
+    code = (
+        "import sys, ingress.app, ingress.backend, ingress.deployment;"
+        "bad = [m for m in sys.modules if (m == 'engine' or m.startswith('engine.')) and m not in"
+        " ('engine', 'engine.sampling_params', 'engine.outputs') or m == 'torch' or m.startswith('torch.')];"
+        "assert not bad, bad;"
+        "from ray.serve.deployment import Deployment;"
+        "from ingress.deployment import Ingress;"
+        "assert isinstance(Ingress, Deployment);"
+        "assert hasattr(Ingress.func_or_class, '__serve_build_asgi_app__')"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

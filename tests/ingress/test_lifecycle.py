@@ -1,0 +1,101 @@
+"""The request lifecycle's batch path without HTTP: N worker requests -> N answers in order, chunks tagged
+with their request's position, a failure once bytes are out as a final `error` chunk; and the one table of
+sampling rules that both APIs' validators share."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from ingress.errors import InvalidRequest, Unavailable
+from ingress.generate.schemas import GenerateBody
+from ingress.generate.validation import to_request, validate
+from ingress.lifecycle import Batch
+from ingress.openai.schemas import CompletionBody
+from ingress.openai.validation import validate_completion
+from tests.helpers.fakes import HANG, INFO, FakeBackend, fake_model
+from workers.protocol import GenerateRequest, SamplingParams
+
+
+def request(rid: str, first_id: int, max_tokens: int, logprobs: bool = False) -> GenerateRequest:
+    return GenerateRequest(rid=rid, input_ids=[first_id],
+                           params=SamplingParams(max_tokens=max_tokens, return_logprob=logprobs))
+
+
+async def test_collect_answers_in_request_order_whatever_finishes_first():
+    batch = Batch(FakeBackend())
+    batch.open([request("long", 10, 5), request("short", 50, 1), request("mid", 70, 3)])
+    await batch.firsts()
+    wholes = await batch.collect()
+    assert [w.rid for w in wholes] == ["long", "short", "mid"]
+    assert [w.output_ids for w in wholes] == [[11, 12, 13, 14, 15], [51], [71, 72, 73]]
+    assert all(w.finished for w in wholes)
+
+
+async def test_rest_tags_each_chunk_with_its_request_and_ends_after_every_final_chunk():
+    backend = FakeBackend(lambda req: [*fake_model(req), HANG])  # nothing may be read after a final chunk
+    batch = Batch(backend)
+    batch.open([request("a", 10, 3), request("b", 50, 2)])
+    firsts = await batch.firsts()
+    got: dict[int, list[int]] = {0: list(firsts[0].output_ids), 1: list(firsts[1].output_ids)}
+    async with contextlib.aclosing(batch.rest()) as rest:
+        async for i, chunk in rest:
+            got[i] += chunk.output_ids
+    assert got == {0: [11, 12, 13], 1: [51, 52]} and backend.aborted == []
+
+
+async def test_a_stream_that_dies_mid_way_ends_with_an_error_chunk_that_keeps_none_and_empty():
+    def dies(req):
+        yield from list(fake_model(req))[:1]
+        yield RuntimeError("actor died")
+
+    batch = Batch(FakeBackend(dies))
+    batch.open([request("a", 10, 4, logprobs=True)])
+    await batch.firsts()
+    async with contextlib.aclosing(batch.rest()) as rest:
+        (last,) = [chunk async for _, chunk in rest]
+    assert last.finished and last.finish_reason.type == "error" and "RuntimeError" in last.finish_reason.message
+    assert last.output_token_logprobs == [] and last.input_token_logprobs is None
+    assert last.completion_tokens == 1
+
+
+async def test_a_failing_first_chunk_raises_and_closing_aborts_the_others():
+    def first_dies(req):
+        if req.rid == "a":
+            raise RuntimeError("dead")
+        yield HANG
+
+    backend = FakeBackend(first_dies)
+    batch = Batch(backend)
+    batch.open([request("a", 1, 2), request("b", 2, 2)])
+    with pytest.raises(RuntimeError):
+        await batch.firsts()
+    await batch.aclose()
+    assert backend.aborted == ["b"]
+
+
+async def test_a_stream_without_a_final_chunk_is_unavailable():
+    batch = Batch(FakeBackend(lambda req: list(fake_model(req))[:1]))
+    batch.open([request("a", 1, 3)])
+    await batch.firsts()
+    with pytest.raises(Unavailable):
+        await asyncio.wait_for(batch.collect(), 5)
+
+
+@pytest.mark.parametrize("field, value", [("temperature", -1.0), ("top_p", 0.0), ("top_k", 10**30),
+                                          ("min_p", 2.0), ("seed", -5), ("stop", ["x", ""]),
+                                          ("stop_token_ids", [100])])
+def test_both_apis_share_each_sampling_rule_and_its_text(field, value):
+    with pytest.raises(InvalidRequest) as generate:
+        validate(GenerateBody(input_ids=[1], **{field: value}), INFO)
+    with pytest.raises(InvalidRequest) as completion:
+        validate_completion(CompletionBody(prompt="A", **{field: value}), INFO)
+    assert generate.value.message == completion.value.message
+    assert completion.value.param == field
+
+
+def test_generate_carrier_holds_one_sampling_params():
+    req = to_request(GenerateBody(input_ids=[1], temperature=0.0, stop="x"))
+    assert isinstance(req.params, SamplingParams) and req.params == SamplingParams(temperature=0.0, stop=["x"])

@@ -1,0 +1,60 @@
+"""The row scorer on an in-process engine (what each Ray Data actor runs): shared contexts, all-or-nothing rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from offline.dataset_scorer import DatasetScorer, RowInput
+from offline.plan import Windows
+from tests.helpers.engine import make_engine
+from tests.helpers.reference import hf_scores
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models: dict[str, Path]):
+    return make_engine(tiny_models["llama"], enable_prefix_cache=True)
+
+
+def test_continuations_of_one_context_share_it(engine) -> None:
+    before = engine.stats()["prefix_cache_hit_tokens"]
+    ctx = "The quick brown fox jumps over the lazy dog. " * 3
+    rows = [RowInput(f"id={i}", context=ctx, continuation=c) for i, c in enumerate([" yes", " no", " maybe"])]
+    scorer = DatasetScorer(engine, None)
+    results = scorer.score(rows)
+    assert all(r.error is None and r.num_scored for r in results)
+    # The context's full blocks (block_size 4; the last may hold continuation tokens) are computed once and
+    # found by the two later continuations.
+    full_blocks = len(scorer.tokenize(ctx)) // 4 - 1
+    assert engine.stats()["prefix_cache_hit_tokens"] - before >= 2 * 4 * full_blocks
+
+
+def test_a_row_rejected_in_a_later_window_leaves_nothing_behind(engine, tiny_models: dict[str, Path]) -> None:
+    good = list(range(2, 40))
+    bad = list(range(2, 40))
+    bad[30] = 10_000  # out of the vocabulary: the first two windows are queued, the third is rejected by the engine
+    scorer = DatasetScorer(engine, Windows(16, 8))
+    results = scorer.score([RowInput("id=0", ids=good), RowInput("id=1", ids=bad), RowInput("id=2", ids=good[:9])])
+    assert results[1].error is not None and results[1].error.startswith("row id=1: Token id 10000 is out of range")
+    assert results[1].token_logprobs is None
+    assert results[0].num_scored == 37 and results[0].error is None
+    assert max(abs(a - b) for a, b in zip(results[2].token_logprobs or [], hf_scores(tiny_models["llama"],
+                                                                                    good[:9], 0), strict=True)) < 1e-4
+    stats = engine.stats()
+    assert stats["running"] == 0 and stats["waiting"] == 0 and stats["kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("row,message", [
+    (RowInput("id=1", text=42), "the text must be a string, got int"),
+    (RowInput("id=2", ids=["a", "b"]), "the ids must be a list of integers"),
+    (RowInput("id=3", ids=[5, 6, 7], start=-1), "the start must be a non-negative integer, got -1"),
+    (RowInput("id=4", text="a b c", start="x"), "the start must be a non-negative integer, got 'x'"),
+    (RowInput("", context="The quick", continuation=3.5), "the continuation must be a string, got float"),
+    (RowInput("", context="The quick", continuation=None), "the continuation is empty"),
+])
+def test_values_of_the_wrong_type_are_that_rows_error(engine, row: RowInput, message: str) -> None:
+    good = RowInput("id=0", ids=[5, 6, 7, 8], start=1.0)  # a whole float start (CSV, pandas) is accepted
+    results = DatasetScorer(engine, None).score([row, good])
+    assert results[0].error is not None and message in results[0].error
+    assert results[1].error is None and results[1].num_scored == 2
