@@ -15,7 +15,7 @@ from ingress.backend import Backend
 from ingress.edge.middleware import GuardMiddleware, route_path
 from ingress.edge.request_id import RequestIdMiddleware
 from ingress.edge.request_record import RecordingBackend, RequestRecord
-from ingress.errors import InvalidRequest, JSONAnswer, NotFound
+from ingress.errors import InvalidRequest, JSONAnswer, NotFound, bounded_errors
 from ingress.generate.render import error_json
 from ingress.generate.routes import generate_router
 from ingress.generate.schemas import HealthBody
@@ -29,7 +29,7 @@ from ingress.settings import IngressSettings
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
     # FastAPI's own 422 body, written by a JSON encoder that survives a client's NaN (FastAPI's would 500).
     assert isinstance(exc, RequestValidationError)
-    return JSONAnswer({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+    return JSONAnswer({"detail": jsonable_encoder(bounded_errors(list(exc.errors())))}, status_code=422)
 
 
 # Routes whose errors have the /generate contract's body (README, Quickstart); every other route speaks OpenAI's.

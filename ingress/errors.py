@@ -147,3 +147,32 @@ class JSONAnswer(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(content, ensure_ascii=False, allow_nan=True, separators=(",", ":")).encode("utf-8")
+
+
+# A body's validation errors as reported: a 50,000-item list of bad values must not be echoed back 50,000 times
+# (an 11.8 MB answer and seconds of the event loop). The first few, each message and echoed input cut short, then
+# one entry that counts the rest.
+MAX_REPORTED_ERRORS = 5
+MAX_ERROR_TEXT = 200
+
+
+def _short(value: Any) -> Any:
+    if isinstance(value, (int, float, bool)) or value is None:
+        return value
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "..."
+
+
+def bounded_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """pydantic's error list, at most MAX_REPORTED_ERRORS entries (+1 counting the rest) of bounded size."""
+    out = []
+    for e in errors[:MAX_REPORTED_ERRORS]:
+        item = {"loc": list(e.get("loc", ()))[:8], "msg": _short(str(e.get("msg", "invalid"))),
+                "type": _short(str(e.get("type", "value_error")))}
+        if "input" in e:
+            item["input"] = _short(e["input"])
+        out.append(item)
+    if len(errors) > MAX_REPORTED_ERRORS:
+        out.append({"loc": ["body"], "msg": f"and {len(errors) - MAX_REPORTED_ERRORS} more errors",
+                    "type": "too_many_errors"})
+    return out

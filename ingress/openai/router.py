@@ -23,7 +23,7 @@ from starlette.responses import Response
 
 from ingress.backend import Backend
 from ingress.edge.openapi import error_responses
-from ingress.errors import InvalidRequest, JSONAnswer
+from ingress.errors import InvalidRequest, JSONAnswer, bounded_errors
 from ingress.lifecycle import Lifecycle
 from ingress.openai.chat import ChatRoutes
 from ingress.openai.chat_schemas import ChatResponse
@@ -53,7 +53,7 @@ class OpenAIRoute(APIRoute):
             try:
                 return await handler(request)
             except RequestValidationError as exc:
-                errors = exc.errors()
+                errors = bounded_errors(list(exc.errors()))
                 locs = [tuple(e.get("loc", ()))[1:] for e in errors]  # without the leading "body"
                 message = "; ".join(f"{'.'.join(map(str, loc)) or 'body'}: {e.get('msg', 'invalid')}"
                                     for loc, e in zip(locs, errors, strict=True))
