@@ -19,6 +19,10 @@ TOP_K_OVER = ("The request asks for the {k} most likely tokens per position; thi
 ENTRIES_OVER = ("The request would return {entries} logprob entries (rows x (1 + top-k), summed over its prompts); "
                 "this server returns at most {limit} per request (config field `max_logprob_entries`).")
 
+FAN_OUT_OVER = ("The request makes {n} worker requests (batch items, prompts, or score items x labels); this "
+                "server takes at most {limit} per request (config field `max_batch_items`).")
+FIELD_OVER = "The request's {what} is {n}, above {limit} (config field `{field}`)."
+
 
 def logprob_entries(req: GenerateRequest) -> int:
     """[value, token_id] entries the request's answer holds at most: the engine's count (SamplingParams), none
@@ -30,10 +34,26 @@ def logprob_entries(req: GenerateRequest) -> int:
 
 def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings) -> None:
     """Raise InvalidRequest (400) when the worker requests of one HTTP request exceed a limit."""
+    if len(requests) > settings.max_batch_items:
+        raise InvalidRequest(FAN_OUT_OVER.format(n=len(requests), limit=settings.max_batch_items))
     for req in requests:
+        check_fields(req, settings)
         k = req.params.top_logprobs_num
         if k > settings.max_top_logprobs:
             raise InvalidRequest(TOP_K_OVER.format(k=k, limit=settings.max_top_logprobs))
     entries = sum(logprob_entries(req) for req in requests)
     if entries > settings.max_logprob_entries:
         raise InvalidRequest(ENTRIES_OVER.format(entries=entries, limit=settings.max_logprob_entries))
+
+
+def check_fields(req: GenerateRequest, settings: IngressSettings) -> None:
+    """The bounds on a request's lists and strings that the engine would otherwise scan or copy per token."""
+    p = req.params
+    bounds = (("number of stop strings", len(p.stop), settings.max_stop_strings, "max_stop_strings"),
+              ("longest stop string", max(map(len, p.stop), default=0), settings.max_stop_string_chars,
+               "max_stop_string_chars"),
+              ("number of stop_token_ids", len(p.stop_token_ids), settings.max_stop_token_ids, "max_stop_token_ids"),
+              ("request id length", len(req.rid), settings.max_rid_chars, "max_rid_chars"))
+    for what, n, limit, name in bounds:
+        if n > limit:
+            raise InvalidRequest(FIELD_OVER.format(what=what, n=n, limit=limit, field=name))

@@ -24,6 +24,14 @@ class IngressSettings:
     # Limits, checked before any work is queued (limits.py, edge/middleware.py).
     max_top_logprobs: int = MAX_TOP_LOGPROBS  # top-k per position (/generate top_logprobs_num, OpenAI logprobs)
     max_logprob_entries: int = MAX_LOGPROB_ENTRIES  # [value, id] entries one request may return: rows x (1 + k)
+    # Fan-out and field bounds (limits.py): one client's valid-looking request must not cost the workers more than
+    # their queues hold, nor every generated token a scan of a million stop strings.
+    max_batch_items: int = _doc(32, "Most worker requests one HTTP request may make: /generate batch items, "
+                                "OpenAI prompts, /v1/score items x labels (400 above it).")
+    max_stop_strings: int = _doc(16, "Most stop strings one request may give (400 above it).")
+    max_stop_string_chars: int = _doc(256, "Longest stop string, characters (400 above it).")
+    max_stop_token_ids: int = _doc(256, "Most stop_token_ids one request may give (400 above it).")
+    max_rid_chars: int = _doc(256, "Longest request id (rid, X-Request-ID), characters (400 above it).")
     max_request_bytes: int = _doc(4 * 1024 * 1024, "Largest HTTP request body, bytes; the ingress answers 413 above "
                                   "it.")
     request_timeout_s: float | None = _doc(600.0, "Seconds a request may take from arrival to its last byte; then "
@@ -36,6 +44,10 @@ class IngressSettings:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
+        for name in ("max_batch_items", "max_stop_strings", "max_stop_string_chars", "max_stop_token_ids",
+                     "max_rid_chars"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_request_bytes <= 0:
             raise ValueError(f"max_request_bytes must be positive, got {self.max_request_bytes}")
         if self.request_timeout_s is not None and self.request_timeout_s <= 0:
