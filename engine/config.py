@@ -65,6 +65,9 @@ class EngineConfig:
     # ~10 s of prefill for SmolLM2 on 2 CPU cores.
     max_queued_tokens: int = _doc(32768, "Prompt tokens of the requests a worker holds that have not started; "
                                   "beyond it: refused (503). An empty queue takes any prompt.")
+    max_prompt_chars_per_token: int = _doc(32, "A text prompt (or chat, or /tokenize text) longer than "
+                                           "max_model_len x this many characters is refused (400) before it is "
+                                           "tokenized: it could not fit the context.")
     # 2,000 rows x (1 + 100): seconds of worker time, ~250 MiB of worker memory, a ~5 MB answer (bench/limits.py).
     max_top_logprobs: int = _doc(MAX_TOP_LOGPROBS, "Largest top_logprobs_num (OpenAI `logprobs`) a request may "
                                  "ask (400 above it).")

@@ -29,6 +29,8 @@ START_PAST_END = ("logprob_start_len({start}) exceeds the last scorable source p
                   "length({num_ids}).")
 NOTHING_TO_COMPUTE = "The max_tokens 0 must be a positive integer."
 NEGATIVE_TOP_LOGPROBS = "The top_logprobs_num {k} cannot be a negative integer."
+TEXT_TOO_LONG = ("The text has {chars} characters, above max_model_len x max_prompt_chars_per_token = {limit} "
+                 "(config field `max_prompt_chars_per_token`): it cannot fit the model's context.")
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,13 @@ def start_past_end(start: int, num_ids: int) -> Violation | None:
 def nothing_to_compute(max_tokens: int, scores_input: bool) -> Violation | None:
     """Without a scoring boundary, max_tokens=0 would compute nothing."""
     return Violation(NOTHING_TO_COMPUTE) if max_tokens == 0 and not scores_input else None
+
+
+def text_too_long(chars: int, max_model_len: int, chars_per_token: int) -> Violation | None:
+    """A text is bounded before it is tokenized (tokenizing megabytes holds a worker for seconds): no prompt of
+    more than chars_per_token characters per token of the context can fit it."""
+    limit = max_model_len * chars_per_token
+    return Violation(TEXT_TOO_LONG.format(chars=chars, limit=limit)) if chars > limit else None
 
 
 def negative_top_logprobs(k: int) -> Violation | None:

@@ -36,6 +36,8 @@ class ModelInfo:
     max_model_len: int
     # "raw_logprobs", "raw_logits" or "none".
     logprobs_mode: str
+    # The worker's max_prompt_chars_per_token: texts are bounded before anyone tokenizes them.
+    prompt_chars_per_token: int = 32
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from ray import serve
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.outputs import RequestOutput
+from rulebook import rules
 from workers.convert import to_chunk
 from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats
 from workers.protocol import (
@@ -47,7 +48,8 @@ class EngineWorker:
         self.engine = AsyncEngine(cfg)
         eng = self.engine.engine
         self.info = ModelInfo(model_name=model_name or cfg.model, vocab_size=eng.vocab_size,
-                              max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode)
+                              max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode,
+                              prompt_chars_per_token=cfg.max_prompt_chars_per_token)
         self.tokenizer = eng.tokenizer
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())
         self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
@@ -58,8 +60,11 @@ class EngineWorker:
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         ids = req.input_ids
         if ids is None:
-            # In a thread: a long prompt must not hold the event loop either.
-            ids = await asyncio.to_thread(self.tokenizer.encode, req.prompt or "", add_special_tokens=False)
+            too_long = self._text_too_long(len(req.prompt or ""))
+            if too_long is not None:
+                yield error_chunk(req.rid, too_long.message, 400)
+                return
+            ids = await self._encode(req.prompt or "", add_special_tokens=False)
             if not ids:
                 yield error_chunk(req.rid, "The prompt must not be an empty string", 400)
                 return
@@ -78,17 +83,29 @@ class EngineWorker:
     async def model_info(self) -> ModelInfo:
         return self.info
 
+    # Every tokenizer call runs in a thread: tokenizing or templating a long text takes seconds, and this event
+    # loop must keep answering health checks and streaming other requests meanwhile.
+    def _text_too_long(self, chars: int) -> rules.Violation | None:
+        return rules.text_too_long(chars, self.info.max_model_len, self.info.prompt_chars_per_token)
+
+    async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """The ids of `text`; by default exactly as `generate` tokenizes a text prompt (no special tokens)."""
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        """The ids of `text`; by default exactly as `generate` tokenizes a text prompt (no special tokens). A text
+        over max_prompt_chars_per_token raises ValueError with the rule's message (the ingress checks first)."""
+        too_long = self._text_too_long(len(text))
+        if too_long is not None:
+            raise ValueError(too_long.message)
+        return await self._encode(text, add_special_tokens)
 
     async def detokenize(self, ids: list[int]) -> str:
         """The text of `ids`, special tokens included (the ingress checks ids against the vocabulary)."""
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return await asyncio.to_thread(self.tokenizer.decode, ids, skip_special_tokens=False)
 
     async def token_texts(self, ids: list[int]) -> list[str]:
         """Each id decoded alone, special tokens included: OpenAI's per-token strings (`logprobs.tokens`)."""
-        return self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)
+        return await asyncio.to_thread(self.tokenizer.batch_decode, [[i] for i in ids], skip_special_tokens=False)
 
     async def apply_chat_template(self, messages: list[dict[str, str]]) -> ChatPrompt:
         """`messages` ({role, content} with text content) under the tokenizer's chat template, ending with the
@@ -96,11 +113,15 @@ class EngineWorker:
         template writes the special tokens itself."""
         if not getattr(self.tokenizer, "chat_template", None):
             return ChatPrompt([], error="The served model's tokenizer has no chat template.")
+        too_long = self._text_too_long(sum(len(str(m.get("content", ""))) for m in messages))
+        if too_long is not None:
+            return ChatPrompt([], error=too_long.message)
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = await asyncio.to_thread(self.tokenizer.apply_chat_template, messages, tokenize=False,
+                                           add_generation_prompt=True)
         except TemplateError as exc:  # the template's own raise_exception (roles it does not accept, ...)
             return ChatPrompt([], error=f"The chat template rejected the messages: {exc}")
-        return ChatPrompt(self.tokenizer.encode(text, add_special_tokens=False))
+        return ChatPrompt(await self._encode(text, add_special_tokens=False))
 
     async def tokenizer_info(self) -> TokenizerInfo:
         tok = self.tokenizer
