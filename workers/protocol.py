@@ -38,6 +38,8 @@ class ModelInfo:
     logprobs_mode: str
     # The worker's max_prompt_chars_per_token: texts are bounded before anyone tokenizes them.
     prompt_chars_per_token: int = 32
+    # Tokens the worker's KV cache holds (prompt + generation of one request at most); None: as many as the context.
+    kv_capacity_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,8 @@ class EngineWorker:
         eng = self.engine.engine
         self.info = ModelInfo(model_name=model_name or cfg.model, vocab_size=eng.vocab_size,
                               max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode,
-                              prompt_chars_per_token=cfg.max_prompt_chars_per_token)
+                              prompt_chars_per_token=cfg.max_prompt_chars_per_token,
+                              kv_capacity_tokens=eng.kv.pool.num_blocks * cfg.block_size)
         self.tokenizer = eng.tokenizer
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())
         self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)

@@ -51,8 +51,13 @@ class ChatSettings:
     params: SamplingParams  # max_tokens is set per prompt (`max_tokens_for`)
 
     def max_tokens_for(self, prompt_len: int, info: ModelInfo) -> int:
-        # Without a limit, what the context leaves (at least 1, so that a prompt filling it is a 400).
-        return self.max_tokens if self.max_tokens is not None else max(1, info.max_model_len - prompt_len)
+        # Without a limit, what the context and the worker's KV cache leave (OpenAI clients often omit the field;
+        # a default the worker cannot hold would fail every such request). At least 1, so that a prompt filling
+        # them is a 400.
+        if self.max_tokens is not None:
+            return self.max_tokens
+        room = min(info.max_model_len, info.kv_capacity_tokens or info.max_model_len)
+        return max(1, room - prompt_len)
 
 
 def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:

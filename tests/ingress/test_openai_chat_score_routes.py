@@ -4,6 +4,7 @@ The proof against the real model is test_openai_client_e2e.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -57,6 +58,15 @@ async def test_chat_without_logprobs_and_default_length():
     # No limit: what the context (64) leaves after the prompt.
     assert backend.requests[0].params.max_tokens == INFO.max_model_len - len(PROMPT_IDS)
     assert backend.requests[0].params.return_logprob is False
+
+
+async def test_chat_default_length_fits_the_workers_kv_cache():
+    """A worker whose KV cache holds fewer tokens than the context: the default is what the cache leaves, so a
+    client that omits max_tokens is served instead of refused (issue 23, item 8)."""
+    backend = Backend()
+    backend.info = dataclasses.replace(INFO, kv_capacity_tokens=40)
+    assert (await chat({"max_tokens": None}, backend)).status_code == 200
+    assert backend.requests[0].params.max_tokens == 40 - len(PROMPT_IDS)
 
 
 async def test_max_completion_tokens_wins_over_max_tokens():
