@@ -5,13 +5,14 @@ Constructor: `Ingress(worker: DeploymentHandle, ready_timeout_s: float = 5.0, se
 allow_unauthenticated: bool = False)`, where `worker` is the worker deployment (methods `generate` streaming
 GenerateChunk, `model_info`, `stats`), `ready_timeout_s` bounds how long GET /health waits for a worker's
 `stats` before answering 503, and `settings` holds the limits, deadlines and config keys (settings.py).
-Handle method: `stats()` -> {"retries": requests run again after their worker was lost}.
+Handle method: `stats()` -> IngressStats (requests run again after their worker was lost).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass, fields
 
 from fastapi import FastAPI
 from ray import serve
@@ -45,6 +46,20 @@ def serve_http_host() -> str | None:
         return None
 
 
+@dataclass(frozen=True)
+class IngressStats:
+    """What an ingress replica reports through its handle: a small dataclass crosses the process boundary."""
+
+    retries: int  # requests run again after their worker was lost, since the replica started
+
+    def __getitem__(self, name: str) -> int:
+        """A counter by its name, for tools and tests that name it."""
+        if name not in {f.name for f in fields(self)}:
+            raise KeyError(name)
+        value: int = getattr(self, name)
+        return value
+
+
 # `serve.ingress()` without an app is Serve's late-bound form: the app is built on the replica, after
 # __init__, by __serve_build_asgi_app__. The routes thus stay plain closures over a backend (the same
 # app the unit tests drive with a fake) instead of methods wired to Serve's class-based views.
@@ -68,6 +83,6 @@ class Ingress:
         return build_fastapi_app(self._backend, self._settings, self._retries,
                                  on_request=IngressMetrics(replica_label()).observe)
 
-    async def stats(self) -> dict[str, int]:
+    async def stats(self) -> IngressStats:
         """This replica's counters (handle method; HTTP routes are the app's)."""
-        return {"retries": self._retries.total}
+        return IngressStats(retries=self._retries.total)
