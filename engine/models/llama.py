@@ -254,7 +254,7 @@ class LlamaForCausalLM(nn.Module):
             if not isinstance(layer.mlp, MLP):
                 found.add("mixture-of-experts MLP blocks (num_experts)")
             elif not layer.mlp.silu:  # only SiLU has an invariant form (invariant_silu)
-                found.add(f"the {layer.mlp.act_name} activation (hidden_act)")
+                found.add(f"the {layer.mlp.act_name} activation (hidden_act / hidden_activation)")
         if self.final_logit_softcap is not None:
             found.add("final logit soft-capping (final_logit_softcapping)")
         return sorted(found)
