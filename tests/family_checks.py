@@ -5,12 +5,14 @@ mixed batches with top-k, prefix-cache hits past the window (hidden-state store 
 
 from __future__ import annotations
 
+import atexit
 import json
 import shutil
+import tempfile
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 from tests.conftest import hf_logits, hf_model, hf_scores
@@ -20,17 +22,12 @@ from tests.tiny_families import FAMILIES, WINDOW, build_family
 ATOL = 1e-4
 
 
-@pytest.fixture(scope="session")
-def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Built on first use, one folder per family (seeded by its place in FAMILIES)."""
-    root = tmp_path_factory.mktemp("families")
-
-    class Lazy(dict[str, Path]):
-        def __missing__(self, family: str) -> Path:
-            self[family] = build_family(root / family, family, seed=10 + FAMILIES.index(family))
-            return self[family]
-
-    return Lazy()
+@cache
+def family_path(family: str) -> Path:
+    """The family's tiny checkpoint, built on first use in this process (seeded by its place in FAMILIES)."""
+    root = Path(tempfile.mkdtemp(prefix=f"rayscore-{family}-"))
+    atexit.register(shutil.rmtree, root, True)
+    return build_family(root / family, family, seed=10 + FAMILIES.index(family))
 
 
 def _rows_diff(got: list, ids: list[int], start: int, expected: list[float]) -> float:

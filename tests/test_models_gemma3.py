@@ -13,7 +13,7 @@ from tests.family_checks import (
     check_mixed_batch,
     check_prefix_cache,
     check_scoring_any_chunking,
-    family_models,  # noqa: F401 (fixture)
+    family_path,
 )
 
 LOCAL = {"rope_type": "default", "rope_theta": 10000.0}
@@ -22,21 +22,21 @@ LOCAL = {"rope_type": "default", "rope_theta": 10000.0}
 @pytest.mark.parametrize("patch", [{"layer_types": ["full_attention"] * 3},
                                    {"rope_parameters": {"sliding_attention": LOCAL, "full_attention": LOCAL}}],
                          ids=["window", "global-rope"])
-def test_each_feature_changes_the_scores(family_models: dict[str, Path], tmp_path: Path, patch: dict) -> None:
-    check_feature_matters(family_models["gemma3"], tmp_path, patch)
+def test_each_feature_changes_the_scores(tmp_path: Path, patch: dict) -> None:
+    check_feature_matters(family_path("gemma3"), tmp_path, patch)
 
 
-def test_scoring_any_chunking(family_models: dict[str, Path]) -> None:
-    check_scoring_any_chunking(family_models["gemma3"])
+def test_scoring_any_chunking() -> None:
+    check_scoring_any_chunking(family_path("gemma3"))
 
 
-def test_mixed_batch(family_models: dict[str, Path]) -> None:
-    check_mixed_batch(family_models["gemma3"])
+def test_mixed_batch() -> None:
+    check_mixed_batch(family_path("gemma3"))
 
 
-def test_prefix_cache_past_the_window(family_models: dict[str, Path]) -> None:
-    check_prefix_cache(family_models["gemma3"])
+def test_prefix_cache_past_the_window() -> None:
+    check_prefix_cache(family_path("gemma3"))
 
 
-def test_greedy_equals_generate(family_models: dict[str, Path]) -> None:
-    check_greedy(family_models["gemma3"])
+def test_greedy_equals_generate() -> None:
+    check_greedy(family_path("gemma3"))

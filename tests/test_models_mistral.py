@@ -10,25 +10,25 @@ from tests.family_checks import (
     check_mixed_batch,
     check_prefix_cache,
     check_scoring_any_chunking,
-    family_models,  # noqa: F401 (fixture)
+    family_path,
 )
 
 
-def test_window_changes_the_scores(family_models: dict[str, Path], tmp_path: Path) -> None:
-    check_feature_matters(family_models["mistral"], tmp_path, {"sliding_window": None})
+def test_window_changes_the_scores(tmp_path: Path) -> None:
+    check_feature_matters(family_path("mistral"), tmp_path, {"sliding_window": None})
 
 
-def test_scoring_any_chunking(family_models: dict[str, Path]) -> None:
-    check_scoring_any_chunking(family_models["mistral"])
+def test_scoring_any_chunking() -> None:
+    check_scoring_any_chunking(family_path("mistral"))
 
 
-def test_mixed_batch(family_models: dict[str, Path]) -> None:
-    check_mixed_batch(family_models["mistral"])
+def test_mixed_batch() -> None:
+    check_mixed_batch(family_path("mistral"))
 
 
-def test_prefix_cache_past_the_window(family_models: dict[str, Path]) -> None:
-    check_prefix_cache(family_models["mistral"])
+def test_prefix_cache_past_the_window() -> None:
+    check_prefix_cache(family_path("mistral"))
 
 
-def test_greedy_equals_generate(family_models: dict[str, Path]) -> None:
-    check_greedy(family_models["mistral"])
+def test_greedy_equals_generate() -> None:
+    check_greedy(family_path("mistral"))

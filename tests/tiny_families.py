@@ -37,7 +37,6 @@ _COMMON: dict[str, Any] = dict(vocab_size=VOCAB, hidden_size=64, intermediate_si
 def _configs() -> dict[str, tuple[type, Any]]:
     moe = dict(_COMMON, head_dim=24, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2,
                moe_intermediate_size=32, tie_word_embeddings=False)
-    half = 8  # Phi-3: head_dim 16, partial_rotary_factor 0.5 -> 8 rotary dims, 4 frequencies
     return {
         # Layer 0 full, layer 1 sliding (Qwen3's max_window_layers rule).
         "qwen3": (Qwen3ForCausalLM, Qwen3Config(**_COMMON, head_dim=32, num_hidden_layers=2, use_sliding_window=True,
@@ -61,12 +60,13 @@ def _configs() -> dict[str, tuple[type, Any]]:
             layer_types=["sliding_attention", "sliding_attention", "full_attention"], final_logit_softcapping=6.0,
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                              "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}})),
+        # head_dim 16, partial_rotary_factor 0.5: 8 rotary dims, so 4 LongRoPE factors.
         "phi3": (Phi3ForCausalLM, Phi3Config(
             **_COMMON, num_hidden_layers=2, sliding_window=WINDOW, original_max_position_embeddings=PHI3_ORIGINAL_MAX,
             tie_word_embeddings=False,
             rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                             "short_factor": [1.0, 1.3, 1.9, 2.7][:half // 2],
-                             "long_factor": [1.1, 2.0, 4.0, 8.0][:half // 2]})),
+                             "short_factor": [2.0, 4.0, 8.0, 16.0],
+                             "long_factor": [1.1, 2.0, 4.0, 8.0]})),
     }
 
 

@@ -1,0 +1,37 @@
+"""Config fields the engine does not implement are refused when the model loads, naming the field: never served
+approximately."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.loader import load_model
+from tests.family_checks import family_path
+
+
+def _patched(family: str, tmp: Path, patch: dict[str, Any]) -> Path:
+    folder = tmp / family
+    shutil.copytree(family_path(family), folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(patch)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.parametrize(("family", "patch", "field"), [
+    ("mistral", {"rope_parameters": {"rope_type": "ntk-by-parts", "rope_theta": 10000.0}}, "rope_parameters"),
+    # In transformers' table, but its frequencies belong to another family's layout.
+    ("qwen3", {"rope_parameters": {"rope_type": "proportional", "rope_theta": 10000.0}}, "rope_parameters"),
+    ("qwen3", {"layer_types": ["chunked_attention", "full_attention"]}, r"layer_types\[0\]"),
+    ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+])
+def test_unimplemented_field_refused_at_load(tmp_path: Path, family: str, patch: dict[str, Any],
+                                             field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        load_model(_patched(family, tmp_path, patch), "float32", torch.device("cpu"))
