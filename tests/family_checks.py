@@ -120,8 +120,7 @@ def check_greedy(path: Path, new_tokens: int = 12) -> float:
     outs = eng.generate(prompts, greedy(new_tokens, k=3), check=True)
     for ids, out in zip(prompts, outs, strict=True):
         with torch.inference_mode():
-            g = ref.generate(torch.tensor([ids]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=1)
+            g = hf_generate(ref, ids, new_tokens)
         assert out.new_token_ids == g.sequences[0, len(ids):].tolist()
         for (v, t), step, top in zip(out.output_token_logprobs, g.logits, out.output_top_logprobs, strict=True):
             lp = torch.log_softmax(step[0].float(), -1)
@@ -129,6 +128,14 @@ def check_greedy(path: Path, new_tokens: int = 12) -> float:
             assert [i for _, i in top] == torch.topk(lp, 3).indices.tolist()
     assert worst <= ATOL, worst
     return worst
+
+
+def hf_generate(ref: Any, ids: list[int], new_tokens: int) -> Any:
+    """transformers' greedy generate of exactly new_tokens, as the engine's ignore_eos: an EOS id no row can produce
+    (the vocabulary size), since min_new_tokens would instead mask the real EOS out of the logits, and these random
+    models often rank it first."""
+    return ref.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False, output_logits=True,
+                        return_dict_in_generate=True, pad_token_id=1, eos_token_id=ref.config.vocab_size)
 
 
 def check_feature_matters(path: Path, tmp: Path, patch: dict[str, Any], min_diff: float = 1e-2) -> None:

@@ -1,45 +1,13 @@
-"""Qwen3 dense (q/k norms, explicit head_dim, sliding layers by layer_types) against transformers; batch-invariant
-mode on a Qwen3 without windows, and refused on one with them."""
+"""Qwen3 beyond tests/test_model_families.py: batch-invariant mode on a Qwen3 without windows (q/k norms are
+RMSNorms, which the mode covers), refused on one with them."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import hf_scores
 from tests.engine_helpers import make_engine, rand_ids, scoring
-from tests.family_checks import (
-    ATOL,
-    check_feature_matters,
-    check_greedy,
-    check_mixed_batch,
-    check_prefix_cache,
-    check_scoring_any_chunking,
-    family_path,
-)
-
-
-def test_window_changes_the_scores(tmp_path: Path) -> None:
-    check_feature_matters(family_path("qwen3"), tmp_path, {"layer_types": ["full_attention"] * 2})
-
-
-@pytest.mark.parametrize("family", ["qwen3", "qwen3-full"])
-def test_scoring_any_chunking(family: str) -> None:
-    check_scoring_any_chunking(family_path(family))
-
-
-def test_mixed_batch() -> None:
-    check_mixed_batch(family_path("qwen3"))
-
-
-def test_prefix_cache_past_the_window() -> None:
-    check_prefix_cache(family_path("qwen3"))
-
-
-@pytest.mark.parametrize("family", ["qwen3", "qwen3-full"])
-def test_greedy_equals_generate(family: str) -> None:
-    check_greedy(family_path(family))
+from tests.family_checks import ATOL, family_path
 
 
 def test_batch_invariant_mode_without_windows() -> None:

@@ -1,10 +1,8 @@
-"""Qwen3-MoE (sparse blocks by decoder_sparse_step / mlp_only_layers, softmax top-k router with and without
-norm_topk_prob, optional window on every layer) against transformers; the block's batched dispatch against
-transformers' Qwen3MoeSparseMoeBlock alone."""
+"""Qwen3-MoE beyond tests/test_model_families.py: the block's batched dispatch against transformers'
+Qwen3MoeSparseMoeBlock alone (with and without norm_topk_prob), sparse layers where decoder_sparse_step and
+mlp_only_layers put them, batch-invariant mode refused."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,16 +12,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 from engine.layers.moe import SparseMoeBlock
 from engine.loader import load_model
 from tests.engine_helpers import make_engine
-from tests.family_checks import (
-    check_feature_matters,
-    check_greedy,
-    check_mixed_batch,
-    check_prefix_cache,
-    check_scoring_any_chunking,
-    family_path,
-)
-
-FAMILIES = ["qwen3-moe", "qwen3-moe-window"]
+from tests.family_checks import family_path
 
 
 @pytest.mark.parametrize("norm", [True, False])
@@ -59,29 +48,6 @@ def test_layers_sparse_where_the_config_says() -> None:
     model, _ = load_model(family_path("qwen3-moe-window"), "float32", torch.device("cpu"))
     assert [isinstance(layer.mlp, SparseMoeBlock) for layer in model.model.layers] == [False, True, False]
     assert {layer.self_attn.sliding_window for layer in model.model.layers} == {7}
-
-
-def test_window_changes_the_scores(tmp_path: Path) -> None:
-    check_feature_matters(family_path("qwen3-moe-window"), tmp_path, {"use_sliding_window": False})
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_scoring_any_chunking(family: str) -> None:
-    check_scoring_any_chunking(family_path(family), budgets=(1, 5, 1000))
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_mixed_batch(family: str) -> None:
-    check_mixed_batch(family_path(family))
-
-
-def test_prefix_cache_past_the_window() -> None:
-    check_prefix_cache(family_path("qwen3-moe-window"))
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_equals_generate(family: str) -> None:
-    check_greedy(family_path(family))
 
 
 def test_batch_invariant_mode_refused() -> None:

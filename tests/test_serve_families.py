@@ -11,7 +11,7 @@ from ray import serve
 
 from tests.conftest import hf_logits, hf_model, hf_scores
 from tests.engine_helpers import rand_ids
-from tests.family_checks import ATOL, family_path
+from tests.family_checks import ATOL, family_path, hf_generate
 from tests.serve_helpers import app_args, deploy, score_body
 from tests.tiny_families import WINDOW
 
@@ -39,8 +39,7 @@ def test_family_served_exactly(serve_url: str, family: str) -> None:
         r = httpx.post(url, json=body, timeout=120)
         assert r.status_code == 200, r.text
         with torch.inference_mode():
-            want = hf_model(str(path)).generate(torch.tensor([prompt]), max_new_tokens=10, min_new_tokens=10,
-                                                do_sample=False, pad_token_id=1)
+            want = hf_generate(hf_model(str(path)), prompt, 10).sequences
         assert r.json()["output_ids"] == want[0, len(prompt):].tolist()
     finally:
         serve.delete(name)

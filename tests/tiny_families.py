@@ -17,6 +17,8 @@ from transformers import (
     MistralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
@@ -38,6 +40,9 @@ def _configs() -> dict[str, tuple[type, Any]]:
     moe = dict(_COMMON, head_dim=24, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2,
                moe_intermediate_size=32, tie_word_embeddings=False)
     return {
+        # Qwen2 with its (rarely used) sliding layers: layer 1 of 2, by max_window_layers as Qwen3.
+        "qwen2-window": (Qwen2ForCausalLM, Qwen2Config(**_COMMON, num_hidden_layers=2, use_sliding_window=True,
+                                                        sliding_window=WINDOW, max_window_layers=1)),
         # Layer 0 full, layer 1 sliding (Qwen3's max_window_layers rule).
         "qwen3": (Qwen3ForCausalLM, Qwen3Config(**_COMMON, head_dim=32, num_hidden_layers=2, use_sliding_window=True,
                                                  sliding_window=WINDOW, max_window_layers=1,
