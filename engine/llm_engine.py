@@ -43,7 +43,7 @@ class LLMEngine:
         if limit is not None and self.max_model_len > limit:
             if config.max_model_len:
                 raise ValueError(f"max_model_len {config.max_model_len} exceeds the {limit} positions this model "
-                                 "is served exactly up to (see its family's position_limit)")
+                                 "is served exactly up to (its RoPE scaling: LlamaForCausalLM.position_limit)")
             self.max_model_len = limit
         per_block = ModelRunner.bytes_per_block(self.model, config.block_size)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block)

@@ -35,3 +35,15 @@ def test_unimplemented_field_refused_at_load(tmp_path: Path, family: str, patch:
                                              field: str) -> None:
     with pytest.raises(ValueError, match=field):
         load_model(_patched(family, tmp_path, patch), "float32", torch.device("cpu"))
+
+
+def test_dynamic_rope_capped_at_max_position_embeddings(tmp_path: Path) -> None:
+    """transformers recomputes "dynamic" frequencies past max_position_embeddings (512 here) from the forward's
+    length; the engine serves up to it and refuses a larger max_model_len at start."""
+    from tests.engine_helpers import make_engine
+
+    path = _patched("qwen3", tmp_path, {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0,
+                                                            "rope_theta": 10000.0}})
+    assert make_engine(path).max_model_len == 512
+    with pytest.raises(ValueError, match="max_model_len 1024 exceeds the 512 positions"):
+        make_engine(path, max_model_len=1024)

@@ -13,8 +13,8 @@ from engine.models.rope import RotaryEmbedding
 
 # Types whose frequencies are a fixed function of the config (computed once, as transformers computes them).
 # "dynamic" and "longrope" change with the forward's length in transformers: "dynamic" only past
-# max_position_embeddings, and "longrope" past original_max_position_embeddings, which the family caps
-# (Phi3ForCausalLM.position_limit); "proportional" belongs to other families.
+# max_position_embeddings, and "longrope" past original_max_position_embeddings, where the engine stops
+# (LlamaForCausalLM.position_limit); "proportional" belongs to other families' layouts.
 STATIC_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 
 

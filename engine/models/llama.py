@@ -179,9 +179,19 @@ class LlamaForCausalLM(nn.Module):
         return window if types and types[i] == "sliding_attention" and window else None
 
     def position_limit(self) -> int | None:
-        """The most positions this engine computes as transformers does, when below max_position_embeddings
-        (LLMEngine caps max_model_len to it); None: no such limit."""
-        return None
+        """The most positions this engine computes as transformers does (LLMEngine caps max_model_len to it);
+        None: no such limit. transformers recomputes two RoPE types from the forward's length: "dynamic" past
+        max_position_embeddings, and "longrope" (its long factors, for every position of the call) past
+        original_max_position_embeddings; the engine computes each position once, with the fixed frequencies."""
+        limits = []
+        for rope in self.ropes:
+            kind = rope.params.get("rope_type")
+            if kind == "longrope":
+                limits.append(int(rope.params.get("original_max_position_embeddings")
+                                  or self.config.original_max_position_embeddings))
+            elif kind == "dynamic":
+                limits.append(int(self.config.max_position_embeddings))
+        return min(limits, default=None)
 
     def make_ropes(self, cfg: Any) -> list[RotaryEmbedding]:
         """The distinct rotary embeddings; each layer's rope_index picks one."""

@@ -1,8 +1,9 @@
 """Phi-3 (and Phi-4-mini): the Llama layout with q/k/v and gate/up already fused in the checkpoint (qkv_proj,
 gate_up_proj), partial rotary (rope_parameters.partial_rotary_factor), sliding_window on every layer when set, and
 LongRoPE. transformers picks LongRoPE's short or long factors for a whole forward by its length, so a position's
-keys would depend on the call they were computed in; the engine serves up to original_max_position_embeddings,
-where the short factors alone apply and every path (chunks, decode, cache hits) equals transformers."""
+keys would depend on the call they were computed in; the engine serves up to original_max_position_embeddings
+(LlamaForCausalLM.position_limit), where the short factors alone apply and every path (chunks, decode, cache
+hits) equals transformers."""
 
 from __future__ import annotations
 
@@ -46,9 +47,3 @@ class Phi3ForCausalLM(LlamaForCausalLM):
 
     def make_ropes(self, cfg: Any) -> list[RotaryEmbedding]:
         return [FamilyRotaryEmbedding(cfg)]
-
-    def position_limit(self) -> int | None:
-        params = self.rope.params
-        if params["rope_type"] != "longrope":
-            return None
-        return int(params.get("original_max_position_embeddings") or self.config.original_max_position_embeddings)
