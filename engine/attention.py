@@ -112,12 +112,15 @@ class TorchPagedAttention:
                 vi = _expand(v[offset:offset + n], groups)
                 oi = attend(qi, ki, vi, None, scale, softcap, is_causal=n > 1)
             else:
-                ki = _expand(k_cache.index_select(0, slots), groups)  # [1, Hq, start + n, D]
-                vi = _expand(v_cache.index_select(0, slots), groups)
+                # Keys before `lo` are outside every query's window: not gathered (the first query, at position
+                # start, sees keys from start - window + 1 on).
+                lo = max(0, start - window + 1) if windowed and window is not None else 0
+                ki = _expand(k_cache.index_select(0, slots[lo:]), groups)  # [1, Hq, start + n - lo, D]
+                vi = _expand(v_cache.index_select(0, slots[lo:]), groups)
                 mask = None
                 if n > 1 or windowed:
                     # Query j sits at position start + j and sees keys 0 .. start + j (within the window).
-                    mask = window_mask(start, n, window if windowed else None, q.device)  # [n, start + n]
+                    mask = window_mask(start, n, window if windowed else None, q.device)[:, lo:]
                 oi = attend(qi, ki, vi, mask, scale, softcap)
             out[offset:offset + n] = oi[0].transpose(0, 1)
         return out
