@@ -47,3 +47,14 @@ def test_dynamic_rope_capped_at_max_position_embeddings(tmp_path: Path) -> None:
     assert make_engine(path).max_model_len == 512
     with pytest.raises(ValueError, match="max_model_len 1024 exceeds the 512 positions"):
         make_engine(path, max_model_len=1024)
+
+
+def test_llama_unknown_rope_type_refused_naming_the_field(tmp_path: Path) -> None:
+    from tests.tiny_models import build_tiny_model
+
+    folder = build_tiny_model(tmp_path / "llama", "llama")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "ntk-by-parts", "rope_theta": 10000.0}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="rope_parameters"):
+        load_model(folder, "float32", torch.device("cpu"))
