@@ -40,6 +40,12 @@ class LLMEngine:
         self.eos_ids = eos_token_ids(self.model_path, self.hf_config, self.tokenizer)
         self.vocab_size: int = self.hf_config.vocab_size
         self.max_model_len: int = config.max_model_len or self.hf_config.max_position_embeddings
+        limit = self.model.position_limit()
+        if limit is not None and self.max_model_len > limit:
+            if config.max_model_len:
+                raise ValueError(f"max_model_len {config.max_model_len} exceeds the {limit} positions this model "
+                                 "is served exactly up to (its RoPE scaling: LlamaForCausalLM.position_limit)")
+            self.max_model_len = limit
         per_block = ModelRunner.bytes_per_block(self.model, config.block_size)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)

@@ -59,7 +59,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device) -> tuple[Caus
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
     model.fuse_projections()
-    model.rope.to(device)
+    model.rope_to(device)
     model.eval()
     model.requires_grad_(False)
     return model, cfg

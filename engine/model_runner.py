@@ -90,6 +90,10 @@ class ModelRunner:
         self.device = device
         self.block_size = config.block_size
         self.invariant = config.batch_invariant
+        blockers = model.batch_invariant_blockers() if self.invariant else []
+        if blockers:  # refused at start rather than served with bits that follow the batch
+            raise ValueError(f"batch_invariant is not available for {type(model).__name__}: the mode does not cover "
+                             f"{'; '.join(blockers)}")
         set_batch_invariant(model, self.invariant, StepLimits.of(config))
         self.backend: AttentionBackend = InvariantPagedAttention() if self.invariant else TorchPagedAttention()
         num_slots = num_blocks * self.block_size

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
+
+from engine.layers.window import attend, decode_window_bias, window_mask
 
 
 @dataclass
@@ -26,6 +27,8 @@ class AttentionMetadata:
     decode_rows: torch.Tensor | None = None
     decode_slots: torch.Tensor | None = None
     decode_mask: torch.Tensor | None = None
+    # [B] position of each decoding request's query (sliding-window layers mask from it).
+    decode_starts: torch.Tensor | None = None
     # Indices (into starts/lens/context_slots) of the requests attended one by one (prefill chunks), and
     # each request's first row in the flat batch.
     others: list[int] = field(default_factory=list)
@@ -52,6 +55,7 @@ class AttentionMetadata:
             slots[b, :n] = self.context_slots[i]
             mask[b, :n] = True
         self.decode_rows = torch.tensor([offsets[i] for i in dec], device=device)
+        self.decode_starts = torch.tensor([self.starts[i] for i in dec], device=device)
         # Flat, for index_select (4x faster than advanced indexing on CPU); a float mask, which CPU SDPA takes
         # 2x faster than a boolean one here.
         self.decode_slots = slots.flatten()
@@ -71,7 +75,10 @@ class TorchPagedAttention:
     go in one padded, masked call; prefill chunks gather their context and attend with the chunk's offset."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
+        """window: keys older than this many positions are masked (engine/layers/window.py); softcap: tanh cap
+        on the scores."""
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
@@ -85,27 +92,36 @@ class TorchPagedAttention:
             qd = q.index_select(0, meta.decode_rows).view(b, hkv, groups, d)
             kd = k_cache.index_select(0, meta.decode_slots).view(b, -1, hkv, d).transpose(1, 2)
             vd = v_cache.index_select(0, meta.decode_slots).view(b, -1, hkv, d).transpose(1, 2)
-            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
+            bias = meta.decode_mask
+            if window is not None:
+                assert meta.decode_starts is not None
+                key = f"decode_window_{window}"  # one per window size and step, shared by the layers
+                if key not in meta.plans:
+                    meta.plans[key] = decode_window_bias(bias, meta.decode_starts, window)
+                bias = meta.plans[key]
+            od = attend(qd, kd, vd, bias, scale, softcap)
             out.index_copy_(0, meta.decode_rows, od.reshape(b, hq, d))
         for i in meta.others:
             start, n, slots, offset = meta.starts[i], meta.lens[i], meta.context_slots[i], meta.offsets[i]
             # 4-D [1, H, S, D]: CPU's fused (flash) SDPA kernel takes only 4-D inputs, else the math path.
             qi = q[offset:offset + n].transpose(0, 1)[None]  # [1, Hq, n, D]
-            if start == 0:
+            windowed = window is not None and start + n > window  # else the window hides no key
+            if start == 0 and not windowed:
                 # Whole context is new: use it directly (no gather) with a plain causal mask.
                 ki = _expand(k[offset:offset + n], groups)  # [1, Hq, n, D]
                 vi = _expand(v[offset:offset + n], groups)
-                oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=n > 1, scale=scale)
+                oi = attend(qi, ki, vi, None, scale, softcap, is_causal=n > 1)
             else:
-                ki = _expand(k_cache.index_select(0, slots), groups)  # [1, Hq, start + n, D]
-                vi = _expand(v_cache.index_select(0, slots), groups)
+                # Keys before `lo` are outside every query's window: not gathered (the first query, at position
+                # start, sees keys from start - window + 1 on).
+                lo = max(0, start - window + 1) if windowed and window is not None else 0
+                ki = _expand(k_cache.index_select(0, slots[lo:]), groups)  # [1, Hq, start + n - lo, D]
+                vi = _expand(v_cache.index_select(0, slots[lo:]), groups)
                 mask = None
-                if n > 1:
-                    # Query j sits at position start + j and sees keys 0 .. start + j.
-                    qpos = torch.arange(start, start + n, device=q.device)[:, None]
-                    kpos = torch.arange(start + n, device=q.device)[None, :]
-                    mask = kpos <= qpos  # [n, start + n]
-                oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale)
+                if n > 1 or windowed:
+                    # Query j sits at position start + j and sees keys 0 .. start + j (within the window).
+                    mask = window_mask(start, n, window if windowed else None, q.device)[:, lo:]
+                oi = attend(qi, ki, vi, mask, scale, softcap)
             out[offset:offset + n] = oi[0].transpose(0, 1)
         return out
 

@@ -36,7 +36,8 @@ class RotaryEmbedding:
         elif rope_type in ROPE_INIT_FUNCTIONS:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](self.cfg, device=torch.device("cpu"))
         else:
-            raise ValueError(f"unsupported rope type {rope_type!r}")
+            raise ValueError(f"config field rope_parameters (rope_scaling) has rope_type {rope_type!r}, which this "
+                             "engine does not implement")
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float)
         self.attention_scaling = float(scaling)
 

@@ -1,22 +1,35 @@
 """Model families by the `architectures` name of a Hugging Face config. Every family is a LlamaForCausalLM
 (a subclass where the layout differs), so the runner has one model type to read: forward, compute_logits,
-target_logits, dtype, hidden_size and the KV shape."""
+target_logits, dtype, hidden_size and the KV shape. README, "Adding a model family", says what a family provides.
+
+A family's module is imported when a checkpoint names it: the families build on engine/layers/, whose modules
+build on this package's linear and rope, so importing every family here would make the two packages import each
+other at start."""
 
 from __future__ import annotations
 
+from importlib import import_module
+
 from engine.models.llama import LlamaForCausalLM
-from engine.models.qwen2 import Qwen2ForCausalLM
 
 CausalLM = LlamaForCausalLM
 
-MODEL_REGISTRY: dict[str, type[CausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+# architectures name -> the module under engine/models/ that defines the class of that name.
+MODEL_REGISTRY: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MistralForCausalLM": "mistral",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 
 
 def model_class(architectures: list[str] | None) -> type[CausalLM]:
     for arch in architectures or []:
         if arch in MODEL_REGISTRY:
-            return MODEL_REGISTRY[arch]
+            cls: type[CausalLM] = getattr(import_module(f"engine.models.{MODEL_REGISTRY[arch]}"), arch)
+            return cls
     raise ValueError(f"unsupported model architecture {architectures}; supported: {sorted(MODEL_REGISTRY)}")

@@ -23,6 +23,12 @@ class Attention(nn.Module):
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.scale = self.head_dim ** -0.5
+        # Family features, set by the family's make_layer (None: off). Per-head norms on q and k before RoPE
+        # (Qwen3, Gemma 3); keys older than `sliding_window` positions masked; tanh cap on the attention scores.
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
+        self.sliding_window: int | None = None
+        self.softcap: float | None = None
         self.q_proj = Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=qkv_bias)
         self.k_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
@@ -45,8 +51,14 @@ class Attention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope.apply(q, k, cos, sin)
-        o = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
+        if self.sliding_window is None and self.softcap is None:
+            o = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
+        else:  # only TorchPagedAttention takes them: ModelRunner refuses batch-invariant mode for such a model
+            o = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale, window=self.sliding_window,
+                                softcap=self.softcap)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
 
@@ -54,15 +66,18 @@ class MLP(nn.Module):
     # Set by engine.invariant.set_batch_invariant.
     batch_invariant: bool = False
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, intermediate_size: int | None = None, act: str | None = None) -> None:
         super().__init__()
         bias = bool(getattr(cfg, "mlp_bias", False))
-        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
-        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
-        self.act = ACT2FN[cfg.hidden_act]
-        self.silu = cfg.hidden_act in ("silu", "swish")
-        self.intermediate_size = cfg.intermediate_size
+        width = intermediate_size or cfg.intermediate_size
+        self.gate_proj = Linear(cfg.hidden_size, width, bias=bias)
+        self.up_proj = Linear(cfg.hidden_size, width, bias=bias)
+        self.down_proj = Linear(width, cfg.hidden_size, bias=bias)
+        act = act or cfg.hidden_act
+        self.act = ACT2FN[act]
+        self.act_name = act
+        self.silu = act in ("silu", "swish")
+        self.intermediate_size = width
         self.gate_up_proj: Linear | None = None
 
     def fuse(self) -> None:
@@ -93,27 +108,29 @@ def _fused(parts: list[Linear]) -> Linear:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Any, qkv_bias: bool, o_bias: bool) -> None:
+    def __init__(self, cfg: Any, attn: Attention, mlp: nn.Module, norm: type[nn.Module] = RMSNorm) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, qkv_bias, o_bias)
-        self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = attn
+        self.mlp = mlp
+        self.input_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
+        # Which of the model's rotary embeddings this layer uses (Gemma 3: local or global base).
+        self.rope_index = 0
 
     def forward(self, h: torch.Tensor, rope: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
-        """h: [T, hidden] -> [T, hidden]: pre-norm attention, then pre-norm MLP, each added to its input."""
+        """Pre-norm residual block: h + attn(norm(h)), then + mlp(norm(h)). h: [T, hidden]."""
         h = h + self.self_attn(self.input_layernorm(h), rope, cos, sin, k_cache, v_cache, meta, backend)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: Any, qkv_bias: bool, o_bias: bool) -> None:
+    def __init__(self, cfg: Any, layers: list[nn.Module], norm: nn.Module) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, qkv_bias, o_bias) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
 
 
 class LlamaForCausalLM(nn.Module):
@@ -123,16 +140,63 @@ class LlamaForCausalLM(nn.Module):
         bias = bool(getattr(cfg, "attention_bias", False))
         return bias, bias
 
+    # Family hooks: a subclass overrides these rather than the forward.
+    norm_cls: type[nn.Module] = RMSNorm
+
+    def make_layer(self, cfg: Any, i: int) -> DecoderLayer:
+        """Layer i, with the checkpoint's parameter names under model.layers.i."""
+        attn = Attention(cfg, *self.attention_biases(cfg))
+        attn.sliding_window = self.layer_window(cfg, i)
+        return DecoderLayer(cfg, attn, MLP(cfg), self.norm_cls)
+
+    @staticmethod
+    def layer_window(cfg: Any, i: int) -> int | None:
+        """Layer i's sliding window, by `layer_types` (transformers' Qwen2/Qwen3/Gemma rule); None: full attention."""
+        types = getattr(cfg, "layer_types", None)
+        if types and types[i] not in ("full_attention", "sliding_attention"):
+            raise ValueError(f"config field layer_types[{i}] is {types[i]!r}, which this engine does not "
+                             "implement (full_attention, sliding_attention)")
+        window = getattr(cfg, "sliding_window", None)
+        return window if types and types[i] == "sliding_attention" and window else None
+
+    def position_limit(self) -> int | None:
+        """The most positions this engine computes as transformers does (LLMEngine caps max_model_len to it);
+        None: no such limit. transformers recomputes two RoPE types from the forward's length: "dynamic" past
+        max_position_embeddings, and "longrope" (its long factors, for every position of the call) past
+        original_max_position_embeddings; the engine computes each position once, with the fixed frequencies."""
+        limits = []
+        for rope in self.ropes:
+            kind = rope.params.get("rope_type")
+            if kind == "longrope":
+                limits.append(int(rope.params.get("original_max_position_embeddings")
+                                  or self.config.original_max_position_embeddings))
+            elif kind == "dynamic":
+                limits.append(int(self.config.max_position_embeddings))
+        return min(limits, default=None)
+
+    def make_ropes(self, cfg: Any) -> list[RotaryEmbedding]:
+        """The distinct rotary embeddings; each layer's rope_index picks one."""
+        return [RotaryEmbedding(cfg)]
+
     def __init__(self, cfg: Any) -> None:
         super().__init__()
         self.config = cfg
-        self.model = DecoderModel(cfg, *self.attention_biases(cfg))
+        self.model = DecoderModel(cfg, [self.make_layer(cfg, i) for i in range(cfg.num_hidden_layers)],
+                                  self.norm_cls(cfg.hidden_size, cfg.rms_norm_eps))
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.rope = RotaryEmbedding(cfg)
+        self.ropes = self.make_ropes(cfg)
+        # Gemma: embeddings times sqrt(hidden), in the weights' dtype as transformers rounds it; None: unscaled.
+        self.embed_scale: float | None = None
+        # Gemma 2: logits = cap * tanh(logits / cap) before any log-softmax; None: raw logits.
+        self.final_logit_softcap: float | None = None
         head = self.model.layers[0].self_attn if cfg.num_hidden_layers else None
         self.num_kv_heads = head.num_kv_heads if head else 0
         self.head_dim = head.head_dim if head else 0
+
+    @property
+    def rope(self) -> RotaryEmbedding:
+        return self.ropes[0]
 
     # --- what the model runner needs ---------------------------------------------------------------
     @property
@@ -154,14 +218,37 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [R, hidden] rows as forward() returns them -> [R, vocab] raw logits in the model dtype.
         Callers pass only the rows they need (bounded blocks), never the whole batch."""
-        return self.lm_head(self.model.norm(hidden))
+        return self._cap(self.lm_head(self.model.norm(hidden)))
+
+    def _cap(self, logits: torch.Tensor) -> torch.Tensor:
+        """transformers' final soft-cap: divide, tanh, multiply (same ops, same order, so the same bits)."""
+        if self.final_logit_softcap is None:
+            return logits
+        return torch.tanh(logits / self.final_logit_softcap) * self.final_logit_softcap
 
     def target_logits(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """hidden: [R, hidden], targets: [R] -> [R] float32 raw logit of each row's target token alone: one dot
         product with that token's LM-head row instead of a vocabulary-wide projection."""
         h = self.model.norm(hidden).float()  # [R, hidden]
         w = self.lm_head.weight[targets].float()  # [R, hidden]
-        return (h * w).sum(-1)
+        return self._cap((h * w).sum(-1))
+
+    def batch_invariant_blockers(self) -> list[str]:
+        """The features of this checkpoint batch-invariant mode does not cover (engine/invariant.py), each with
+        its config field; ModelRunner refuses the mode for a model that has any."""
+        found: set[str] = set()
+        for layer in self.model.layers:
+            if layer.self_attn.sliding_window is not None:
+                found.add("sliding-window attention (sliding_window)")
+            if layer.self_attn.softcap is not None:
+                found.add("attention logit soft-capping (attn_logit_softcapping)")
+            if not isinstance(layer.mlp, MLP):
+                found.add("mixture-of-experts MLP blocks (num_experts)")
+            elif not layer.mlp.silu:  # only SiLU has an invariant form (invariant_silu)
+                found.add(f"the {layer.mlp.act_name} activation (hidden_act / hidden_activation)")
+        if self.final_logit_softcap is not None:
+            found.add("final logit soft-capping (final_logit_softcapping)")
+        return sorted(found)
 
     def tie_weights(self) -> None:
         if self.tie_word_embeddings:
@@ -173,13 +260,20 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
 
+    def rope_to(self, device: torch.device) -> None:
+        for rope in self.ropes:
+            rope.to(device)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         """input_ids, positions: [T]. Returns the last layer's hidden states before the final norm: [T, hidden].
         The runner applies norm + LM head only to the rows it needs."""
         h = self.model.embed_tokens(input_ids)  # [T, hidden]
-        cos, sin = self.rope.cos_sin(positions, h.dtype)  # [T, D]
+        if self.embed_scale is not None:
+            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        tables = [rope.cos_sin(positions, h.dtype) for rope in self.ropes]  # each ([T, D_rot], [T, D_rot])
         for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches, strict=True):
-            h = layer(h, self.rope, cos, sin, k_cache, v_cache, meta, backend)
+            cos, sin = tables[layer.rope_index]
+            h = layer(h, self.ropes[layer.rope_index], cos, sin, k_cache, v_cache, meta, backend)
         return h
