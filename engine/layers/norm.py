@@ -1,4 +1,6 @@
-"""RMSNorm with transformers' arithmetic, so a checkpoint's norm weights give transformers' values."""
+"""RMSNorm with transformers' arithmetic, so a checkpoint's norm weights give transformers' values: Llama's, and
+Gemma's (scale by (1 + w), all in float32, cast once at the end: Gemma2RMSNorm / Gemma3RMSNorm; Llama instead
+casts before scaling by w)."""
 
 from __future__ import annotations
 
@@ -18,3 +20,15 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+
+class GemmaRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).type_as(x)

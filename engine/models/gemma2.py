@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from engine.layers.attention import AttentionBackend, AttentionMetadata
-from engine.layers.norms import GemmaRMSNorm
+from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rope import RotaryEmbedding
 from engine.layers.rotary import FamilyRotaryEmbedding
 from engine.models.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.layers.norms import GemmaRMSNorm
+from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rope import RotaryEmbedding
 from engine.layers.rotary import FamilyRotaryEmbedding
 from engine.models.gemma2 import Gemma2ForCausalLM
