@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.invariant_device import BESIDE, run_case
+from bench.invariant_device import NEEDLES as SHORT_NEEDLES
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput, merge_outputs
@@ -163,31 +165,8 @@ def test_control_default_mode_moves_bits(smollm2_path: Path) -> None:
 
 # The case that showed MKL's row bits moving with the call's row count on an AVX-512 Xeon: short needles whose
 # steps have few rows alone (a 24-token prefill, then 1-row decode steps), and 57-255 rows when 60-180-token
-# prompts are prefilled beside them, or over 256 rows when several are.
+# prompts are prefilled beside them, or over 256 rows when several are (bench/invariant_device.py's cases).
 SHORT = NEEDLE[:24]
-SHORT_NEEDLES = {
-    "score": SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0, top_logprobs_num=3),
-    "greedy": SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, return_logprob=True,
-                             top_logprobs_num=2),
-}
-
-
-def short_needles_amid_prefills(engine: LLMEngine, rng: random.Random, sizes: list[int]) -> dict[str, str]:
-    """The short needles arrive with prompts of the given sizes (scoring and generation), all in one step."""
-    names = {name: f"short-{name}-{rng.random()}" for name in SHORT_NEEDLES}
-    for name, params in SHORT_NEEDLES.items():
-        engine.add_request(names[name], SHORT, params)
-    for n in sizes:
-        ids = [rng.randrange(VOCAB) for _ in range(n)]
-        params = (SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0) if rng.random() < 0.5 else
-                  SamplingParams(max_tokens=rng.randint(2, 10), temperature=0.0, ignore_eos=True))
-        engine.add_request(f"prefill-{rng.random()}", ids, params)
-    streams: dict[str, list[RequestOutput]] = {r: [] for r in names.values()}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.request_id in streams:
-                streams[out.request_id].append(out)
-    return {name: served(merge_outputs(streams[r])) for name, r in names.items()}
 
 
 def short_cases(path: Path, invariant: bool) -> Iterator[tuple[str, dict[str, str]]]:
@@ -196,9 +175,8 @@ def short_cases(path: Path, invariant: bool) -> Iterator[tuple[str, dict[str, st
                                     num_kv_blocks=256, enable_prefix_cache=False))
     outs = engine.generate([SHORT] * len(SHORT_NEEDLES), list(SHORT_NEEDLES.values()))
     yield "alone", {name: served(out) for name, out in zip(SHORT_NEEDLES, outs, strict=True)}
-    for label, sizes in [("one 60-token prompt", [60]), ("one 120", [120]), ("one 180", [180]),
-                         ("60 + 90", [60, 90]), ("over 256 rows", [150, 170, 120])]:
-        yield label, short_needles_amid_prefills(engine, rng, sizes)
+    for sizes in BESIDE:
+        yield f"beside {sizes}", run_case(engine, SHORT, sizes, rng, VOCAB)
 
 
 def test_short_needles_keep_their_bits_beside_mid_sized_prefills(smollm2_path: Path) -> None:
