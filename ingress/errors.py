@@ -146,7 +146,19 @@ class JSONAnswer(JSONResponse):
     """
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=False, allow_nan=True, separators=(",", ":")).encode("utf-8")
+        return json_text(content).encode("utf-8")
+
+
+def json_text(content: Any) -> str:
+    """JSON text that UTF-8 can always carry. A client may send a lone surrogate ("\\ud800" is valid JSON, and its
+    rid or model name may be echoed back); UTF-8 has no bytes for it, so such an answer is written with \\u
+    escapes (ASCII) instead of failing as a 500. allow_nan: a raw logit can be -inf."""
+    text = json.dumps(content, ensure_ascii=False, allow_nan=True, separators=(",", ":"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(content, ensure_ascii=True, allow_nan=True, separators=(",", ":"))
+    return text
 
 
 # A body's validation errors as reported: a 50,000-item list of bad values must not be echoed back 50,000 times

@@ -5,7 +5,6 @@ Each API writes its own event payloads (generate/render.py, openai/render.py); t
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -13,7 +12,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ingress.disconnect import until_disconnect
-from ingress.errors import ClientGone
+from ingress.errors import ClientGone, json_text
 
 SSE_DONE = "data: [DONE]\n\n"
 # Proxies (nginx) buffer responses unless told otherwise; an SSE stream must reach the client per event.
@@ -21,8 +20,7 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def sse_data(payload: dict[str, Any]) -> str:
-    # allow_nan: a raw logit can be -inf; Python's json writes it as -Infinity rather than failing.
-    return f"data: {json.dumps(payload, ensure_ascii=False, allow_nan=True, separators=(',', ':'))}\n\n"
+    return f"data: {json_text(payload)}\n\n"
 
 
 class SSEResponse(StreamingResponse):

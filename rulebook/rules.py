@@ -88,6 +88,18 @@ def nothing_to_compute(max_tokens: int, scores_input: bool) -> Violation | None:
     return Violation(NOTHING_TO_COMPUTE) if max_tokens == 0 and not scores_input else None
 
 
+NOT_TEXT = "The {what} is not valid text: it holds a lone UTF-16 surrogate ({char!r})."
+
+
+def not_text(text: str, what: str = "prompt") -> Violation | None:
+    """JSON lets a client send a lone surrogate ("\\ud800"); no tokenizer can encode it (a TypeError, a 5xx)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return Violation(NOT_TEXT.format(what=what, char=text[exc.start]))
+    return None
+
+
 def text_too_long(chars: int, max_model_len: int, chars_per_token: int) -> Violation | None:
     """A text is bounded before it is tokenized (tokenizing megabytes holds a worker for seconds): no prompt of
     more than chars_per_token characters per token of the context can fit it."""

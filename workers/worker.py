@@ -61,7 +61,7 @@ class EngineWorker:
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         ids = req.input_ids
         if ids is None:
-            too_long = self._text_too_long(len(req.prompt or ""))
+            too_long = self._untokenizable(req.prompt or "")
             if too_long is not None:
                 yield error_chunk(req.rid, too_long.message, 400)
                 return
@@ -89,13 +89,16 @@ class EngineWorker:
     def _text_too_long(self, chars: int) -> rules.Violation | None:
         return rules.text_too_long(chars, self.info.max_model_len, self.info.prompt_chars_per_token)
 
+    def _untokenizable(self, text: str) -> rules.Violation | None:
+        return self._text_too_long(len(text)) or rules.not_text(text)
+
     async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """The ids of `text`; by default exactly as `generate` tokenizes a text prompt (no special tokens). A text
         over max_prompt_chars_per_token raises ValueError with the rule's message (the ingress checks first)."""
-        too_long = self._text_too_long(len(text))
+        too_long = self._untokenizable(text)
         if too_long is not None:
             raise ValueError(too_long.message)
         return await self._encode(text, add_special_tokens)
@@ -114,7 +117,9 @@ class EngineWorker:
         template writes the special tokens itself."""
         if not getattr(self.tokenizer, "chat_template", None):
             return ChatPrompt([], error="The served model's tokenizer has no chat template.")
-        too_long = self._text_too_long(sum(len(str(m.get("content", ""))) for m in messages))
+        too_long = (self._text_too_long(sum(len(str(m.get("content", ""))) for m in messages))
+                    or next((v for m in messages for v in [rules.not_text(str(m.get("content", "")), "message")]
+                             if v), None))
         if too_long is not None:
             return ChatPrompt([], error=too_long.message)
         try:

@@ -26,6 +26,7 @@ from ingress.openai.schemas import CompletionBody
 from ingress.openai.validation import (
     CompletionSettings,
     check_prompt,
+    check_text,
     prompt_items,
     prompt_request,
     validate_completion,
@@ -76,7 +77,10 @@ class CompletionRoutes:
         return JSONAnswer(completion_json(*head, out, usage_json(choices)))
 
     async def _ids(self, item: str | list[int]) -> list[int]:
-        return await self._backend.tokenize(item) if isinstance(item, str) else list(item)
+        if not isinstance(item, str):
+            return list(item)
+        check_text(item, await self._backend.model_info())
+        return await self._backend.tokenize(item)
 
     async def _prompt_texts(self, choices: list[ChoiceBuilder], items: list[str | list[int]],
                             settings: CompletionSettings) -> None:

@@ -28,7 +28,7 @@ from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
 from ingress.openai.schemas import STRICT_BODY, Usage
-from ingress.openai.validation import check_model
+from ingress.openai.validation import check_model, check_text
 from rulebook.rules import TOKEN_OUT_OF_RANGE
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 
@@ -143,5 +143,6 @@ class ScoreRoutes:
         """The pair's ids: texts are joined, then tokenized as a text prompt is (SGLang's order of steps)."""
         first, second = (item, query) if item_first else (query, item)
         if isinstance(first, str) and isinstance(second, str):
+            check_text(first + second, await self._backend.model_info(), "items")
             return await self._backend.tokenize(first + second)
         return [*first, *second]  # type: ignore[misc]  # both ids (validate_score)

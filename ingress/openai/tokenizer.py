@@ -15,8 +15,7 @@ from ingress.backend import Backend
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Lifecycle
 from ingress.openai.schemas import DetokenizeBody, TokenizeBody
-from ingress.openai.validation import check_model
-from rulebook import rules
+from ingress.openai.validation import check_model, check_text
 from rulebook.rules import TOKEN_OUT_OF_RANGE
 
 
@@ -40,9 +39,7 @@ class TokenizerRoutes:
         async def answer() -> dict[str, Any]:
             info = await self._backend.model_info()
             check_model(body.model, info)
-            too_long = rules.text_too_long(len(body.prompt), info.max_model_len, info.prompt_chars_per_token)
-            if too_long is not None:
-                raise InvalidRequest(too_long.message, param="prompt")
+            check_text(body.prompt, info)
             tokens = await self._backend.tokenize(body.prompt, body.add_special_tokens)
             return {"tokens": tokens, "count": len(tokens), "max_model_len": info.max_model_len}
 

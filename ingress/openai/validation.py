@@ -40,6 +40,15 @@ def check_model(model: str | None, info: ModelInfo) -> None:
             param="model")
 
 
+def check_text(text: str, info: ModelInfo, param: str = "prompt") -> None:
+    """A text the worker will tokenize: bounded by the context (max_prompt_chars_per_token) and valid UTF-8, so
+    a worker never spends seconds on megabytes, nor fails on a lone surrogate (400 before any work)."""
+    broken = (rules.text_too_long(len(text), info.max_model_len, info.prompt_chars_per_token)
+              or rules.not_text(text, param))
+    if broken is not None:
+        raise InvalidRequest(broken.message, param=param)
+
+
 def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSettings:
     """Raise InvalidRequest (or NotFound) for the first rule the body breaks; return its settings otherwise.
     Prompt contents are checked later, once text prompts are tokenized (`check_prompt`)."""
