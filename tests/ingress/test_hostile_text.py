@@ -38,5 +38,6 @@ async def test_bytes_that_are_not_utf8_are_a_4xx(path: str, content_type: str) -
 
 
 async def test_a_surrogate_prompt_names_the_rule() -> None:
-    resp = await call(Backend(), "POST", "/v1/completions", ('{"model": "tiny", "prompt": "a%sb"}' % SURROGATE).encode())
+    body = '{"model": "tiny", "prompt": "a' + SURROGATE + 'b"}'
+    resp = await call(Backend(), "POST", "/v1/completions", body.encode())
     assert resp.status_code == 400 and "lone UTF-16 surrogate" in resp.json()["error"]["message"]
