@@ -2,9 +2,9 @@
 
 With the mode on, a request's values have the same float bits whatever else runs in its steps, wherever its
 chunks start and end and whatever is cached: every matmul runs as calls of row counts checked at start to compute
-a row in one order (models/row_plan.py), the MLP's SiLU avoids torch's CPU kernel whose scalar tail rounds unlike
-its vector lanes (models/llama.py), attention reduces keys in fixed blocks from position 0 in batched matmuls of
-one shape per entry (invariant_attention.py, its batch-count property checked at start), log-softmax runs in
+a row in one order (layers/row_plan.py), the MLP's SiLU avoids torch's CPU kernel whose scalar tail rounds unlike
+its vector lanes (layers/activation.py), attention reduces keys in fixed blocks from position 0 in batched matmuls of
+one shape per entry (layers/invariant_attention.py, its batch-count property checked at start), log-softmax runs in
 fixed tiles of rows (logprobs.py) and the scorer never takes the log-sum-exp shortcut (scorer.py).
 
 ModelRunner switches it on from EngineConfig.batch_invariant, once, after loading the model:
