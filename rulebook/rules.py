@@ -107,6 +107,11 @@ def text_too_long(chars: int, max_model_len: int, chars_per_token: int) -> Viola
     return Violation(TEXT_TOO_LONG.format(chars=chars, limit=limit)) if chars > limit else None
 
 
+def untokenizable(text: str, max_model_len: int, chars_per_token: int, what: str = "prompt") -> Violation | None:
+    """The checks every text gets before a tokenizer sees it (the ingress's routes and the worker alike)."""
+    return text_too_long(len(text), max_model_len, chars_per_token) or not_text(text, what)
+
+
 def negative_top_logprobs(k: int) -> Violation | None:
     return Violation(NEGATIVE_TOP_LOGPROBS.format(k=k)) if k < 0 else None
 

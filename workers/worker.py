@@ -61,9 +61,9 @@ class EngineWorker:
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         ids = req.input_ids
         if ids is None:
-            too_long = self._untokenizable(req.prompt or "")
-            if too_long is not None:
-                yield error_chunk(req.rid, too_long.message, 400)
+            broken = self._untokenizable(req.prompt or "")
+            if broken is not None:
+                yield error_chunk(req.rid, broken.message, 400)
                 return
             ids = await self._encode(req.prompt or "", add_special_tokens=False)
             if not ids:
@@ -86,11 +86,8 @@ class EngineWorker:
 
     # Every tokenizer call runs in a thread: tokenizing or templating a long text takes seconds, and this event
     # loop must keep answering health checks and streaming other requests meanwhile.
-    def _text_too_long(self, chars: int) -> rules.Violation | None:
-        return rules.text_too_long(chars, self.info.max_model_len, self.info.prompt_chars_per_token)
-
-    def _untokenizable(self, text: str) -> rules.Violation | None:
-        return self._text_too_long(len(text)) or rules.not_text(text)
+    def _untokenizable(self, text: str, what: str = "prompt") -> rules.Violation | None:
+        return rules.untokenizable(text, self.info.max_model_len, self.info.prompt_chars_per_token, what)
 
     async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
@@ -98,9 +95,9 @@ class EngineWorker:
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """The ids of `text`; by default exactly as `generate` tokenizes a text prompt (no special tokens). A text
         over max_prompt_chars_per_token raises ValueError with the rule's message (the ingress checks first)."""
-        too_long = self._untokenizable(text)
-        if too_long is not None:
-            raise ValueError(too_long.message)
+        broken = self._untokenizable(text)
+        if broken is not None:
+            raise ValueError(broken.message)
         return await self._encode(text, add_special_tokens)
 
     async def detokenize(self, ids: list[int]) -> str:
@@ -117,11 +114,11 @@ class EngineWorker:
         template writes the special tokens itself."""
         if not getattr(self.tokenizer, "chat_template", None):
             return ChatPrompt([], error="The served model's tokenizer has no chat template.")
-        too_long = (self._text_too_long(sum(len(str(m.get("content", ""))) for m in messages))
-                    or next((v for m in messages for v in [rules.not_text(str(m.get("content", "")), "message")]
-                             if v), None))
-        if too_long is not None:
-            return ChatPrompt([], error=too_long.message)
+        # The contents side by side: their length is what the template renders, and a lone surrogate stays one
+        # wherever it sits (Python never pairs two surrogates of separate strings).
+        broken = self._untokenizable("".join(str(m.get("content", "")) for m in messages), "message")
+        if broken is not None:
+            return ChatPrompt([], error=broken.message)
         try:
             text = await asyncio.to_thread(self.tokenizer.apply_chat_template, messages, tokenize=False,
                                            add_generation_prompt=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.layers.attention import AttentionMetadata
+from engine.layers.row_plan import InvariantModeError, machine_name
 
 KEY_BLOCK = 128
 QUERY_TILE = 16
@@ -200,8 +201,6 @@ def check(groups: int, head_dim: int, dtype: torch.dtype, device: torch.device, 
     follow neither the number of entries in its torch.bmm / baddbmm calls (1 to max_entries: every count up to
     128, every 16th beyond) nor its place among them, with the key blocks laid out both ways the backend passes
     them (each entry its own; one request's block broadcast to every tile). Raises InvariantModeError."""
-    from engine.layers.row_plan import InvariantModeError, machine_name
-
     rows = tile_rows(groups)
     counts = sorted({*range(1, min(max_entries, 128) + 1), *range(128, max_entries + 1, 16), max_entries})
     top, shift = max(counts), 3

@@ -49,8 +49,7 @@ def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None)
     # 10-11: the prompt against the model.
     enforce(rules.token_out_of_range(body.input_ids or (), info.vocab_size))
     if isinstance(body.prompt, str):  # bounded and valid UTF-8 before the worker tokenizes it
-        enforce(rules.text_too_long(len(body.prompt), info.max_model_len, info.prompt_chars_per_token)
-                or rules.not_text(body.prompt))
+        enforce(rules.untokenizable(body.prompt, info.max_model_len, info.prompt_chars_per_token))
     n = len(body.input_ids) if body.input_ids is not None else prompt_len
     if n is not None:
         enforce(rules.context_too_long(n, body.max_tokens, info.max_model_len))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.invariant_device import BESIDE, run_case
+from bench.invariant_device import BESIDE, run_case, served
 from bench.invariant_device import NEEDLES as SHORT_NEEDLES
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -40,12 +40,6 @@ ENGINES = {
     "small budget": dict(max_num_batched_tokens=19, num_kv_blocks=256),
     "tight cache": dict(max_num_batched_tokens=256, num_kv_blocks=34),
 }
-
-
-def served(out: RequestOutput) -> str:
-    """The values of a /generate answer, as JSON text."""
-    return json.dumps([out.input_token_logprobs, out.input_top_logprobs, out.new_token_ids,
-                       out.output_token_logprobs, out.output_top_logprobs])
 
 
 def _other(rng: random.Random) -> tuple[list[int], SamplingParams]:
