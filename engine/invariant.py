@@ -24,6 +24,7 @@ from torch import nn
 
 from engine.config import EngineConfig
 from engine.layers import invariant_attention
+from engine.layers.activation import check_silu
 from engine.layers.linear import Linear
 from engine.layers.row_plan import RowPlan
 from engine.models.llama import MLP
@@ -56,6 +57,8 @@ def set_batch_invariant(model: nn.Module, on: bool, limits: StepLimits | None = 
     if on:
         limits = limits or StepLimits.of(EngineConfig())
         check_attention(model, limits)
+        if any(isinstance(m, MLP) and m.silu for m in model.modules()):
+            check_silu(model.dtype, model.model.embed_tokens.weight.device)
         for name, m in model.named_modules():
             if isinstance(m, Linear):
                 rows = limits.max_head_rows if name.endswith("lm_head") else limits.max_tokens

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from engine.invariant import set_batch_invariant
 from engine.layers import linear as lin
-from engine.layers.activation import invariant_silu
+from engine.layers.activation import check_silu, invariant_silu
 from engine.layers.attention import TorchPagedAttention
 from engine.layers.invariant_attention import KEY_BLOCK, InvariantPagedAttention, check
 from engine.layers.linear import Linear, linear
@@ -142,6 +142,7 @@ def test_silu_bits_do_not_follow_position() -> None:
         return sum(not torch.equal(f(x[i:i + 33]), ref[i:i + 33]) for i in range(0, 3000, 7))
 
     assert moved(invariant_silu) == 0
+    check_silu(torch.float32, torch.device("cpu"))  # what the mode checks at start holds here
     assert moved(F.silu) > 0, "F.silu happened to round its tail like its lanes on this CPU"
     torch.testing.assert_close(invariant_silu(x), F.silu(x), rtol=1e-6, atol=1e-6)
 
