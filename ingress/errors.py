@@ -4,6 +4,7 @@
   a validator or by the worker (FinishInfo code 400: a text prompt too long once tokenized, ...). The
   client must change the request. NotFound (404): it names something this server does not have.
 - Unauthorized (401): no valid API key. PayloadTooLarge (413): the body is over `max_request_bytes`.
+  BodyTimeout (408): the body did not arrive within `body_timeout_s`.
 - ServerError (500): the engine failed. Unavailable (503): no worker could answer (none ready, or it died
   before a byte was sent); retrying later may succeed once the worker is replaced. Its kinds: WorkerLost
   (the worker died or vanished: the lifecycle runs the request again, retry.py) and Overloaded (a full
@@ -80,6 +81,16 @@ class Unauthorized(IngressError):
 
 class PayloadTooLarge(InvalidRequest):
     status = 413
+
+
+class BodyTimeout(InvalidRequest):
+    """The body did not arrive within `body_timeout_s`: a slow client must not hold an ingress slot for good."""
+
+    status = 408
+    type = "timeout_error"
+
+    def headers(self) -> dict[str, str]:
+        return {"Connection": "close"}  # the rest of a half-sent body is not worth reading
 
 
 class ServerError(IngressError):

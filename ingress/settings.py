@@ -34,6 +34,8 @@ class IngressSettings:
     max_rid_chars: int = _doc(256, "Longest request id (rid, X-Request-ID), characters (400 above it).")
     max_request_bytes: int = _doc(4 * 1024 * 1024, "Largest HTTP request body, bytes; the ingress answers 413 above "
                                   "it.")
+    body_timeout_s: float = _doc(30.0, "Seconds the ingress waits for a request's whole body once its headers are in; "
+                                 "then it answers 408 and closes the connection (a slow client must not hold a slot).")
     request_timeout_s: float | None = _doc(600.0, "Seconds a request may take from arrival to its last byte; then "
                                            "it is aborted (504, or an error event mid-stream). null: no deadline.")
     # retry.py
@@ -50,6 +52,8 @@ class IngressSettings:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_request_bytes <= 0:
             raise ValueError(f"max_request_bytes must be positive, got {self.max_request_bytes}")
+        if not 0 < self.body_timeout_s < float("inf"):
+            raise ValueError(f"body_timeout_s must be positive and finite, got {self.body_timeout_s}")
         if self.request_timeout_s is not None and self.request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be positive or None, got {self.request_timeout_s}")
         if self.retry_deadline_s < 0:

@@ -1,20 +1,27 @@
-"""The checks that come before a route runs, for every route at once: the API key, then the body's size.
+"""The checks that come before a route runs, for every route at once: the API key, then the body's size and
+its arrival time.
 
-A pure ASGI middleware rather than a FastAPI dependency, because both must answer before the body is
+A pure ASGI middleware rather than a FastAPI dependency, because all must answer before the body is
 parsed: an unauthenticated client gets its 401 without the server reading its body, and a body over
 `max_request_bytes` is refused on its Content-Length, or, when it comes without one (chunked) or lies, as
 soon as the bytes read pass the limit, before any JSON parser sees them. Errors take the route's own shape.
+
+Slow clients: Serve's proxy hands a request to this replica as soon as its headers are in, and the request then
+holds one of the replica's `max_ongoing_requests` slots while its body trickles in. So the whole body must
+arrive within `body_timeout_s` (408 and the connection closed), and a method that takes no body (GET, HEAD,
+OPTIONS, DELETE) is answered without reading one: a body declared on it is refused at once (400).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ingress.edge.auth import check_authorization
-from ingress.errors import IngressError, JSONAnswer, PayloadTooLarge
+from ingress.errors import BodyTimeout, IngressError, InvalidRequest, JSONAnswer, PayloadTooLarge
 from ingress.settings import IngressSettings
 
 ErrorBody = Callable[[IngressError], dict[str, Any]]
@@ -25,6 +32,9 @@ TOO_LARGE = ("The request body is {size} bytes; this server accepts at most {lim
              "`max_request_bytes`).")
 TOO_LARGE_STREAMED = ("The request body exceeds {limit} bytes, the most this server accepts (config field "
                       "`max_request_bytes`).")
+TOO_SLOW = ("The request body did not arrive within {limit:g} s (config field `body_timeout_s`).")
+NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
+NO_BODY = "{method} {path} takes no request body."
 
 
 class GuardMiddleware:
@@ -44,12 +54,23 @@ class GuardMiddleware:
         try:
             if path not in OPEN_PATHS:
                 check_authorization(_header(scope, b"authorization"), self.settings.api_keys)
-            body = await self._read_body(scope, receive)
+            if scope["method"] in NO_BODY_METHODS:
+                _refuse_body(scope, path)
+                await self.app(scope, receive, send)  # nothing to read: the app sees the server's own receive
+                return
+            body = await self._read_body_in_time(scope, receive)
         except IngressError as exc:
             answer = JSONAnswer(self.error_body(path)(exc), status_code=exc.status, headers=exc.headers())
             await answer(scope, receive, send)
             return
         await self.app(scope, _replay(body, receive), send)
+
+    async def _read_body_in_time(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.settings.body_timeout_s
+        try:
+            return await asyncio.wait_for(self._read_body(scope, receive), limit)
+        except TimeoutError:
+            raise BodyTimeout(TOO_SLOW.format(limit=limit)) from None
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self.settings.max_request_bytes
@@ -69,6 +90,13 @@ class GuardMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def _refuse_body(scope: Scope, path: str) -> None:
+    """400 for a body declared on a method that takes none; it is never read."""
+    length = _header(scope, b"content-length")
+    if _header(scope, b"transfer-encoding") is not None or (length is not None and length.strip() not in ("", "0")):
+        raise InvalidRequest(NO_BODY.format(method=scope["method"], path=path))
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
