@@ -37,7 +37,7 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
         **_routing(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
     ).bind(cfg.engine_config(), cfg.model_name)
     return Ingress.options(
-        ray_actor_options={"num_cpus": cfg.ingress_num_cpus},
+        ray_actor_options={"num_cpus": cfg.ingress_num_cpus}, max_ongoing_requests=cfg.ingress_max_ongoing_requests,
         graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
         **_scaling(cfg.ingress_num_replicas, cfg.ingress_autoscaling),
     ).bind(worker, settings=cfg.ingress_settings(), allow_unauthenticated=cfg.allow_unauthenticated)

@@ -81,6 +81,10 @@ class AppConfig(DerivedFields):  # type: ignore[misc,valid-type]
     ingress_num_replicas: int = Field(1, gt=0, description="Ingress replicas when not autoscaling.")
     ingress_autoscaling: dict[str, Any] | None = Field(None, description="Serve autoscaling_config for the ingress.")
     ingress_num_cpus: float = Field(INGRESS_NUM_CPUS, ge=0, description="Logical CPUs per ingress replica.")
+    # Large: a request holds its slot from its headers on (a streamed generation for its whole length, a slow
+    # client's body until body_timeout_s), and an ingress slot costs a coroutine; the workers do the real admission.
+    ingress_max_ongoing_requests: int = Field(1024, gt=0, description="Requests Serve sends one ingress replica at "
+                                              "once (a slow client's body holds one until body_timeout_s).")
 
     # --- enforced by the ingress, each named in the error it causes: IngressSettings' fields (DerivedFields;
     # max_top_logprobs and max_logprob_entries are the engine's), and -----------------------------------

@@ -63,9 +63,10 @@ class IngressStats:
 # `serve.ingress()` without an app is Serve's late-bound form: the app is built on the replica, after
 # __init__, by __serve_build_asgi_app__. The routes thus stay plain closures over a backend (the same
 # app the unit tests drive with a fake) instead of methods wired to Serve's class-based views.
-# max_ongoing_requests: a streamed generation holds its slot for its whole length, so Serve's default
-# of 5 would queue the sixth client behind the first five; the workers do the real admission control.
-@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": INGRESS_NUM_CPUS})
+# max_ongoing_requests: a request holds its slot from its headers on (a streamed generation for its whole length, a
+# slow body until body_timeout_s), so Serve's default of 5 would queue the sixth client behind the first five; the
+# workers do the real admission control. deploy/ sets it from AppConfig.ingress_max_ongoing_requests.
+@serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": INGRESS_NUM_CPUS})
 @serve.ingress()
 class Ingress:
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,

@@ -88,7 +88,7 @@ def serve_url(ray_cluster):
     from ray import serve
 
     port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port},
+    serve.start(http_options={"host": "127.0.0.1", "port": port, "keep_alive_timeout_s": 5},  # as configs/*.yaml
                 logging_config={"enable_access_log": False})
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
