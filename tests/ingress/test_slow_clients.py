@@ -44,6 +44,11 @@ async def call(app, method: str, path: str, headers: list[tuple[bytes, bytes]], 
     return start["status"], dict(start["headers"]), json.loads(body), asked
 
 
+def STALLS_AFTER(first: bytes) -> list[tuple[float, bytes]]:  # noqa: N802  # reads as a constant at call sites
+    """A body whose first bytes come at once and whose rest never does."""
+    return [(0.0, first), (3600.0, b"")]
+
+
 JSON = [(b"content-type", b"application/json")]
 
 
@@ -61,8 +66,9 @@ async def test_a_body_that_trickles_past_the_deadline_is_408_and_closes() -> Non
     assert answer["object"] == "error" and answer["code"] == 408
     assert "body_timeout_s" in answer["message"] and "0.3 s" in answer["message"]
     # The OpenAI routes answer in their own shape.
-    status, _, answer, _ = await call(app(body_timeout_s=0.2), "POST", "/v1/completions", [], [(0.0, b'{"pro'), (3600.0, b'')])
-    assert status == 408 and answer["error"]["type"] == "timeout_error" and "body_timeout_s" in answer["error"]["message"]
+    status, _, answer, _ = await call(app(body_timeout_s=0.2), "POST", "/v1/completions", [], STALLS_AFTER(b'{"pro'))
+    assert status == 408 and answer["error"]["type"] == "timeout_error"
+    assert "body_timeout_s" in answer["error"]["message"]
 
 
 @pytest.mark.asyncio
@@ -102,7 +108,7 @@ def test_body_timeout_must_be_positive_and_finite() -> None:
 async def test_other_requests_are_answered_while_slow_bodies_wait() -> None:
     application = app(body_timeout_s=2)
     body = json.dumps(SCORE).encode()
-    slow = [asyncio.create_task(call(application, "POST", "/generate", [], [(0.0, body[:5]), (3600.0, b'')])) for _ in range(200)]
+    slow = [asyncio.create_task(call(application, "POST", "/generate", [], STALLS_AFTER(body[:5]))) for _ in range(200)]
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://t") as c:
         for _ in range(5):
             assert (await c.post("/generate", json=SCORE)).status_code == 200
