@@ -65,10 +65,12 @@ class AsyncEngine:
         return self._thread.is_alive() and self.error is None
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       convert: Callable[[RequestOutput], Any] | None = None) -> AsyncIterator[Any]:
+                       convert: Callable[[RequestOutput], Any] | None = None, group: str | None = None,
+                       shared_tokens: int = 0) -> AsyncIterator[Any]:
         """Yields the request's deltas, each through `convert` (default: the engine's) in the engine thread; the
         last has finished=True. Closing or cancelling the iterator early aborts the request and frees its KV
-        blocks. Over the queue bounds, the one delta is a 503-coded error and nothing is queued."""
+        blocks. Over the queue bounds, the one delta is a 503-coded error and nothing is queued. `group` and
+        `shared_tokens`: admitted with the other requests of its group (admission.py)."""
         convert = convert or self._convert
         if not self.is_alive:
             raise RuntimeError(f"engine loop is not running: {self.error!r}")
@@ -77,7 +79,8 @@ class AsyncEngine:
         # without touching the admission count of the request that holds it.
         with self._lock:
             in_use = request_id in self._streams
-            refusal = None if in_use else self.admission.admit(request_id, len(prompt_token_ids))
+            refusal = None if in_use else self.admission.admit(request_id, len(prompt_token_ids), group,
+                                                                   shared_tokens)
             if not in_use and refusal is None:
                 self._streams[request_id] = stream
         if in_use or refusal is not None:

@@ -43,11 +43,12 @@ from ingress.errors import (
     finish_error,
     worker_failed,
 )
+from ingress.fan_out import as_one_unit
 from ingress.limits import check_limits
 from ingress.retry import RetryBudget, RetryCounter
 from ingress.settings import IngressSettings
 from ingress.sse import SSEResponse
-from workers.protocol import GenerateChunk, GenerateRequest, error_chunk, merge_outputs
+from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, error_chunk, merge_outputs
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,13 +81,14 @@ class Batch:
         self._firsts: list[GenerateChunk] = []
         self.handed_off = False  # an SSE response owns the streams and closes them
 
-    def open(self, requests: Sequence[GenerateRequest]) -> None:
-        """Check the requests against the limits (InvalidRequest), then start one worker stream per request
-        (nothing is sent before the first chunk is awaited)."""
+    def open(self, requests: Sequence[GenerateRequest], info: ModelInfo) -> None:
+        """Check the requests against the limits and the worker's queue bounds (InvalidRequest), then start one
+        worker stream per request, all of one admission group (fan_out.py); nothing is sent before the first
+        chunk is awaited."""
         if self._streams:
             raise RuntimeError("a batch is opened once")
         check_limits(requests, self._settings)
-        self._streams = [self._backend.stream(req) for req in requests]
+        self._streams = [self._backend.stream(req) for req in as_one_unit(requests, info)]
 
     async def firsts(self) -> list[GenerateChunk]:
         """Each stream's first chunk, in order. No byte is out yet, so these decide the HTTP status even of

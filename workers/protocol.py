@@ -40,6 +40,10 @@ class ModelInfo:
     prompt_chars_per_token: int = 32
     # Tokens the worker's KV cache holds (prompt + generation of one request at most); None: as many as the context.
     kv_capacity_tokens: int | None = None
+    # The worker's queue bounds (engine/admission.py): a request whose worker requests exceed them even on an idle
+    # worker can never be admitted, and is refused with 400 rather than 503 + Retry-After.
+    max_queued_requests: int | None = None
+    max_queued_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,10 @@ class GenerateRequest:
     input_ids: list[int] | None = None
     prompt: str | None = None
     params: SamplingParams = field(default_factory=SamplingParams)
+    # The worker requests of one HTTP request share a group (ingress/fan_out.py): the worker admits them as one unit
+    # and counts once the first `shared_tokens` of input_ids, which an earlier request of the group has too.
+    group: str | None = None
+    shared_tokens: int = 0
 
 
 @dataclass

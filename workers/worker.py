@@ -50,7 +50,8 @@ class EngineWorker:
         self.info = ModelInfo(model_name=model_name or cfg.model, vocab_size=eng.vocab_size,
                               max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode,
                               prompt_chars_per_token=cfg.max_prompt_chars_per_token,
-                              kv_capacity_tokens=eng.kv.pool.num_blocks * cfg.block_size)
+                              kv_capacity_tokens=eng.kv.pool.num_blocks * cfg.block_size,
+                              max_queued_requests=cfg.max_queued_requests, max_queued_tokens=cfg.max_queued_tokens)
         self.tokenizer = eng.tokenizer
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())
         self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
@@ -77,7 +78,8 @@ class EngineWorker:
             self.metrics.on_output(params, out)
             return to_chunk(out)
 
-        async with contextlib.aclosing(self.engine.generate(req.rid, ids, params, convert)) as stream:
+        async with contextlib.aclosing(self.engine.generate(req.rid, ids, params, convert, req.group,
+                                                                     req.shared_tokens)) as stream:
             async for chunk in stream:
                 yield chunk
 

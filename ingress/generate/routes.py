@@ -41,7 +41,7 @@ class GenerateRoutes:
             validate(body, info)
         else:
             validate_batch(items, info)
-        batch.open([to_request(item) for item in items or [body]])
+        batch.open([to_request(item) for item in items or [body]], info)
         firsts = await batch.firsts()
         if body.stream:
             return batch.stream(_events(firsts, batch, indexed=items is not None))

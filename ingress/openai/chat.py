@@ -122,7 +122,7 @@ class ChatRoutes:
         cid = f"chatcmpl-{current_request_id() or uuid.uuid4().hex}"
         head = (cid, int(time.time()), info.model_name)
         batch.open([GenerateRequest(rid=cid, input_ids=prompt.ids,
-                                    params=replace(settings.params, max_tokens=max_tokens))])
+                                    params=replace(settings.params, max_tokens=max_tokens))], info)
         choice = ChatChoice(prompt.ids, settings.logprobs)
         firsts = await batch.firsts()
         if settings.stream:

@@ -62,7 +62,7 @@ class CompletionRoutes:
         # Choice index -> worker request; an echo with nothing to compute sends none.
         requests = {i: req for i, ids in enumerate(ids_list)
                     if (req := prompt_request(f"{cid}-{i}", ids, settings)) is not None}
-        batch.open(list(requests.values()))
+        batch.open(list(requests.values()), info)
         # The echoed text of prompts sent as ids is decoded while the first chunks come.
         worker_firsts, _ = await all_or_none([batch.firsts(), self._prompt_texts(choices, items, settings)])
         by_choice = dict(zip(requests, worker_firsts, strict=True))

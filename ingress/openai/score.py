@@ -129,7 +129,7 @@ class ScoreRoutes:
         labels = body.label_token_ids or []
         sid = f"score-{current_request_id() or uuid.uuid4().hex}"
         batch.open([label_request(f"{sid}-{i}-{j}", ids, t)
-                    for i, ids in enumerate(prompts) for j, t in enumerate(labels)])
+                    for i, ids in enumerate(prompts) for j, t in enumerate(labels)], info)
         await batch.firsts()
         # A label request scores exactly one row, so its input_token_logprobs is never None here.
         rows = [whole.input_token_logprobs[0][0] for whole in await batch.collect()]  # type: ignore[index]

@@ -99,3 +99,41 @@ def test_admission_counts_each_request_once_whatever_the_order(events: list[tupl
     for rid in list(waiting):
         q.release(rid)
     assert q.queued == (0, 0)
+
+
+GROUP_EVENTS = st.lists(st.tuples(st.sampled_from(["admit", "release", "start"]), st.integers(0, 7),
+                                  st.integers(1, 900), st.sampled_from([None, "g", "h"]), st.integers(0, 1000)),
+                        max_size=200)
+
+
+@settings(max_examples=300, deadline=None)
+@given(GROUP_EVENTS)
+def test_admission_with_groups_counts_shared_tokens_once(events: list[tuple[str, int, int, str | None, int]]) -> None:
+    """The same property with admission groups (one HTTP request's worker requests): a member is counted without
+    its shared tokens exactly while another member of its group waits, a queue of only its own group takes it
+    whatever its tokens, the count is always the sum of the waiting requests' own and returns to zero."""
+    q = AdmissionQueue(max_requests=5, max_tokens=2000)
+    waiting: dict[str, tuple[int, str | None]] = {}
+    for kind, i, n, group, shared in events:
+        rid = f"r{i}"
+        if kind == "admit":
+            if rid in waiting:
+                continue
+            in_group = group is not None and any(g == group for _, g in waiting.values())
+            charge = n - min(shared, n) if in_group else n
+            others = [c for c, g in waiting.values() if group is None or g != group]
+            fits = len(waiting) < 5 and (not others or sum(c for c, _ in waiting.values()) + charge <= 2000)
+            refusal = q.admit(rid, n, group, shared)
+            assert (refusal is None) == fits, (refusal, waiting, rid, n, group, shared)
+            if refusal is None:
+                waiting[rid] = (charge, group)
+        elif kind == "release":
+            q.release(rid)
+            waiting.pop(rid, None)
+        else:
+            q.release_started(lambda r, rid=rid: r == rid)
+            waiting.pop(rid, None)
+        assert q.queued == (len(waiting), sum(c for c, _ in waiting.values()))
+    for rid in list(waiting):
+        q.release(rid)
+    assert q.queued == (0, 0)

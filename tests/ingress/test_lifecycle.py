@@ -26,7 +26,7 @@ def request(rid: str, first_id: int, max_tokens: int, logprobs: bool = False) ->
 
 async def test_collect_answers_in_request_order_whatever_finishes_first():
     batch = Batch(FakeBackend())
-    batch.open([request("long", 10, 5), request("short", 50, 1), request("mid", 70, 3)])
+    batch.open([request("long", 10, 5), request("short", 50, 1), request("mid", 70, 3)], INFO)
     await batch.firsts()
     wholes = await batch.collect()
     assert [w.rid for w in wholes] == ["long", "short", "mid"]
@@ -37,7 +37,7 @@ async def test_collect_answers_in_request_order_whatever_finishes_first():
 async def test_rest_tags_each_chunk_with_its_request_and_ends_after_every_final_chunk():
     backend = FakeBackend(lambda req: [*fake_model(req), HANG])  # nothing may be read after a final chunk
     batch = Batch(backend)
-    batch.open([request("a", 10, 3), request("b", 50, 2)])
+    batch.open([request("a", 10, 3), request("b", 50, 2)], INFO)
     firsts = await batch.firsts()
     got: dict[int, list[int]] = {0: list(firsts[0].output_ids), 1: list(firsts[1].output_ids)}
     async with contextlib.aclosing(batch.rest()) as rest:
@@ -52,7 +52,7 @@ async def test_a_stream_that_dies_mid_way_ends_with_an_error_chunk_that_keeps_no
         yield RuntimeError("actor died")
 
     batch = Batch(FakeBackend(dies))
-    batch.open([request("a", 10, 4, logprobs=True)])
+    batch.open([request("a", 10, 4, logprobs=True)], INFO)
     await batch.firsts()
     async with contextlib.aclosing(batch.rest()) as rest:
         (last,) = [chunk async for _, chunk in rest]
@@ -69,7 +69,7 @@ async def test_a_failing_first_chunk_raises_and_closing_aborts_the_others():
 
     backend = FakeBackend(first_dies)
     batch = Batch(backend)
-    batch.open([request("a", 1, 2), request("b", 2, 2)])
+    batch.open([request("a", 1, 2), request("b", 2, 2)], INFO)
     with pytest.raises(RuntimeError):
         await batch.firsts()
     await batch.aclose()
@@ -78,7 +78,7 @@ async def test_a_failing_first_chunk_raises_and_closing_aborts_the_others():
 
 async def test_a_stream_without_a_final_chunk_is_unavailable():
     batch = Batch(FakeBackend(lambda req: list(fake_model(req))[:1]))
-    batch.open([request("a", 1, 3)])
+    batch.open([request("a", 1, 3)], INFO)
     await batch.firsts()
     with pytest.raises(Unavailable):
         await asyncio.wait_for(batch.collect(), 5)

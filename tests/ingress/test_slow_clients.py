@@ -1,7 +1,7 @@
 """Slow clients at the ingress (ASGI-level, over the fake backend): a body that does not arrive within
 `body_timeout_s` is answered 408 with the connection closed, and a method that takes no body is answered without
 reading one (a body declared on it: 400). The real-server test with hundreds of slow connections is
-tests/e2e/test_slow_clients_served.py."""
+tests/e2e/test_one_client_served.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Slow and hostile clients against the real server (Serve's proxy, the ingress, a SmolLM2 worker) on the session's
-local Ray cluster, all on 127.0.0.1: hundreds of connections that trickle their headers or their bodies, idle
-keep-alive connections and header values no decoder accepts; other clients are answered throughout, exactly."""
+"""One client against everyone else, on the real server (Serve's proxy, the ingress, a SmolLM2 worker) on the
+session's local Ray cluster, all on 127.0.0.1: hundreds of connections that trickle their headers or their bodies,
+idle keep-alive connections, header values no decoder accepts, and fan-outs larger than a worker's queue; other
+clients are answered throughout, exactly, and nothing that can never succeed is answered 503."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import time
 
 import httpx
 import pytest
+import torch
 from ray import serve
 
-from tests.helpers.reference import hf_scores
+from tests.helpers.reference import hf_logits, hf_scores
 from tests.helpers.serve import app_args, deploy, ids_of, score_body
 
 APP, PREFIX = "slow", "/slow"
@@ -160,4 +162,23 @@ def test_hostile_header_values_get_no_5xx_on_any_route(url: str, name: bytes, va
         status, answer = _raw(url, method, route, name, value)
         assert status is not None and status < 500, (method, route, answer[:300])
     # and the server still answers
+    assert httpx.get(url + "/health", timeout=30).status_code == 200
+
+
+def test_a_score_fan_out_is_admitted_as_one_unit(url: str, smollm2_path) -> None:
+    """30 labels of an 1,800-token query: 54,000 queued tokens one by one, above max_queued_tokens (32,768), so
+    each label past the 18th was refused 503 + Retry-After on an idle server; as one unit the query counts once."""
+    query, labels = ids_of(1800, 21), list(range(100, 130))
+    r = httpx.post(url + "/v1/score", json={"query": query, "items": [[]], "label_token_ids": labels}, timeout=600)
+    assert r.status_code == 200, r.text
+    expected = torch.log_softmax(hf_logits(smollm2_path, query), dim=-1)[-1, labels].exp().tolist()
+    assert max(abs(a - b) for a, b in zip(r.json()["scores"][0], expected, strict=True)) <= ATOL
+
+
+def test_a_batch_that_can_never_be_queued_is_400_not_503(url: str) -> None:
+    items = [ids_of(2000, 100 + i) for i in range(20)]  # 40,000 distinct tokens > max_queued_tokens on any worker
+    r = httpx.post(url + "/generate", json={"input_ids": items, "max_tokens": 0, "return_logprob": True,
+                                           "logprob_start_len": 1998}, timeout=600)
+    assert r.status_code == 400 and "Retry-After" not in r.headers, r.text
+    assert "max_queued_tokens" in r.json()["message"] and "can never be admitted" in r.json()["message"]
     assert httpx.get(url + "/health", timeout=30).status_code == 200
