@@ -5,7 +5,9 @@
 
 Parts (--parts, default all): fuzz (hook: schemathesis over /openapi.json, added with the ingress side), flood
 (bounded clients far beyond a worker's queue: 200/503 counts, 503 latency, exactness of a sample against
-transformers, the worker's peak memory), kill (SIGKILL a worker under in-flight scoring requests:
+transformers, the worker's peak memory), abuse (one client's reused ids, huge error echoes, huge texts, fan-outs,
+stop strings, surrogates, hostile headers and 300 slow connections while a prober is served: bench/one_client.py),
+kill (SIGKILL a worker under in-flight scoring requests:
 answered/lost), drain (redeploy the app twice under load: lost), abandon (streams dropped after their first
 event: KV blocks free afterwards). Worker pids, stats and redeploys go through Ray (the worker deployment's
 handle), so --url alone runs fuzz, flood and abandon without stats. Prints one JSON line per part and a summary.
@@ -226,8 +228,20 @@ def abandon(ctx: Ctx) -> dict[str, Any]:
     return out
 
 
+def abuse(ctx: Ctx) -> dict[str, Any]:
+    """One client's valid-looking requests against everyone else (bench/one_client.py)."""
+    from bench.one_client import abuse as run
+    from ingress.settings import IngressSettings
+
+    def queued() -> int:
+        return sum(s.queued_tokens for s in ctx.stats())
+
+    timeout = float(ctx.args.get("body_timeout_s", IngressSettings.body_timeout_s))
+    return run(ctx.url, ctx.prefix, ids_of, timeout, queued if ctx.ray else None)
+
+
 PARTS: dict[str, Callable[[Ctx], dict[str, Any]]] = {
-    "fuzz": fuzz, "flood": flood, "abandon": abandon, "drain": drain, "kill": kill}
+    "fuzz": fuzz, "flood": flood, "abuse": abuse, "abandon": abandon, "drain": drain, "kill": kill}
 
 
 def _start(config: Path, port: int) -> Ctx:
@@ -239,7 +253,9 @@ def _start(config: Path, port: int) -> Ctx:
 
     app_cfg = yaml.safe_load(config.read_text())["applications"][0]
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"enable_access_log": False})
+    keep_alive = yaml.safe_load(config.read_text()).get("http_options", {}).get("keep_alive_timeout_s", 5)
+    serve.start(http_options={"host": "127.0.0.1", "port": port, "keep_alive_timeout_s": keep_alive},
+                logging_config={"enable_access_log": False})
     prefix = app_cfg.get("route_prefix", "/")
     serve.run(build_app(app_cfg["args"]), name=app_cfg["name"], route_prefix=prefix, blocking=False)
     url = f"http://127.0.0.1:{port}" + prefix.rstrip("/")
