@@ -42,6 +42,7 @@ class Run:
     tmp: Path
     deadline: float  # time.perf_counter() past which no section starts
     layers_8b: int
+    tf32_before: dict[str, bool]  # torch's TF32 flags as found, before exact_fp32() turned them off
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -68,8 +69,7 @@ def env_section(run: Run) -> dict[str, Any]:
         free, total = torch.cuda.mem_get_info(run.device)
         out.update(name=torch.cuda.get_device_name(run.device), free_gib=free / 2**30, total_gib=total / 2**30,
                    capability=".".join(map(str, torch.cuda.get_device_capability(run.device))),
-                   cuda=torch.version.cuda, tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
-                   tf32_cudnn=torch.backends.cudnn.allow_tf32)
+                   cuda=torch.version.cuda, tf32_before=run.tf32_before)
     else:
         from engine.layers.row_plan import machine_name
 
@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     smoke = a.cpu_smoke or not torch.cuda.is_available()
     device = torch.device("cpu" if smoke else "cuda")
+    tf32 = {"matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32}
     exact_fp32()
     from transformers.utils import logging
 
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / "cuda_check.json"
     with tempfile.TemporaryDirectory(prefix="rayscore-cuda-check-") as tmp:
-        run = Run(device, smoke, Path(tmp), t0 + a.budget_s, a.layers_8b)
+        run = Run(device, smoke, Path(tmp), t0 + a.budget_s, a.layers_8b, tf32)
         for name, (needs_s, fn) in sections().items():
             if a.section and name not in a.section:
                 continue
