@@ -102,7 +102,12 @@ def invariant_section(run: Run) -> dict[str, Any]:
             continue
         for invariant in (True, False):
             mode = "invariant" if invariant else "default"
-            r = inv.mode_run(model, str(run.device), dtype, invariant, torch.get_num_threads())
+            try:  # one mode failing (its start-up checks refusing this device, say) leaves the others' figures
+                r = inv.mode_run(model, str(run.device), dtype, invariant, torch.get_num_threads())
+            except Exception as e:
+                traceback.print_exc()
+                results[f"{dtype} {mode}_failed"] = f"{type(e).__name__}: {e}"[:300]
+                continue
             results[f"{dtype} {mode}"] = r
             print(f"  invariant_device {dtype} {mode}: start {r['start_s']:.1f} s, cases {r['run_s']:.2f} s, "
                   f"bits moved in: {r['moved'] or 'none'}", flush=True)
@@ -132,6 +137,8 @@ def summary_rows(name: str, res: dict[str, Any]) -> list[tuple[str, str, str]]:
             rows.append((name, key, f"moved: {r['moved'] or 'none'}; cases {r['run_s']:.2f} s"))
         elif key.endswith("_skipped"):
             rows.append((name, key.removesuffix("_skipped"), f"skipped ({r})"))
+        elif key.endswith("_failed"):
+            rows.append((name, key.removesuffix("_failed"), f"FAILED {r}"))
     return rows
 
 
