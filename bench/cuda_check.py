@@ -1,7 +1,7 @@
 """The engine on a GPU, in one short run: the prepared script for a lent CUDA machine (one try, minutes of device
 time), whose CPU path the tests run so that it stays ready.
 
-    python -m bench cuda_check [--cpu-smoke] [--budget-s 300] [--out DIR] [--layers-8b 32] [--section NAME ...]
+    python -m bench cuda_check [--cpu-smoke] [--budget-s 270] [--out DIR] [--layers-8b 32] [--section NAME ...]
 
 Sections, each in its own try (a failing one prints its traceback and the others still run), in this order:
   env        torch / transformers versions, device, free memory, TF32 flags, the engine's imports
@@ -11,7 +11,8 @@ Sections, each in its own try (a failing one prints its traceback and the others
   bf16       bfloat16 scoring throughput and MFU of a random-weight Llama-3-8B-shaped model against a transformers
              forward of the same prompts (bench/cuda_bf16.py)
   invariant  batch-invariant mode's checks and bits on the device (bench/invariant_device.py), small settings
-Each section has a time budget; once the run passes --budget-s the sections left are skipped with a note.
+Each section needs some seconds left to start (bf16 keeps 8 of the 32 layers when under 150 are left); once the
+run passes --budget-s (270: with the last section, under six minutes) the sections left are skipped with a note.
 Without CUDA (or with --cpu-smoke) every shape is tiny: seconds on a CPU, figures meaningless.
 Prints one summary table last; writes every figure to $OUT/cuda_check.json (default bench/results/).
 """
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench cuda_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (automatic without CUDA)")
-    ap.add_argument("--budget-s", type=float, default=300.0, help="no section starts after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=270.0, help="no section starts after this many seconds")
     ap.add_argument("--layers-8b", type=int, default=32, help="layers of the Llama-3-8B-shaped model (of 32)")
     ap.add_argument("--section", action="append", choices=["env", "exact", "bf16", "invariant"],
                     help="repeat for several (default: all)")
