@@ -23,6 +23,15 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def exact_float32(device: torch.device, dtype: str) -> None:
+    """float32 on CUDA runs IEEE matmuls, never TF32: TF32's 10-bit mantissa moves logprobs by ~1e-3, past the
+    1e-4 the engine is held to. torch's default is already off; this keeps a library or caller that turned it on
+    in the same process from moving the engine's values. Process-wide, like torch's flags; the CPU path has none."""
+    if device.type == "cuda" and dtype == "float32":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
 def load_config(path: Path) -> Any:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a model folder: no config.json")
@@ -32,6 +41,7 @@ def load_config(path: Path) -> Any:
 def load_model(path: str | Path, dtype: str, device: torch.device) -> tuple[CausalLM, Any]:
     """Returns (model in eval mode on `device`, its transformers config)."""
     path = Path(path)
+    exact_float32(device, dtype)
     cfg = load_config(path)
     cls = model_class(getattr(cfg, "architectures", None))
     with torch.device("meta"):

@@ -1,0 +1,174 @@
+"""cuda_check's exactness section: the engine in float32 on the device against a plain transformers float32
+forward (and generate) on the same device, TF32 off. Random weights, built here with transformers' own classes.
+
+Scoring rows (logprob_start_len 0, top-5) of prompts of several lengths, served three ways: all in one step,
+chunked prefill under a small step budget, and a warm repeat whose blocks (and hidden states) come from the
+prefix cache. Greedy generation of 32 tokens against transformers' generate."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TOLERANCE = 1e-4
+TOP_K = 5
+NEW_TOKENS = 32
+
+# SmolLM2-135M's shape (the embedded model's), and a tiny Qwen2 (q/k/v biases).
+SMOLLM2: dict[str, Any] = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                               num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                               tie_word_embeddings=True)
+QWEN2_TINY: dict[str, Any] = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                                  tie_word_embeddings=False)
+SMOKE: dict[str, Any] = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+# Weights ~ N(0, 0.05) rather than transformers' 0.02, so logits spread (a near-uniform row would hide errors).
+WEIGHT_STD = 0.05
+
+
+def build(family: str, shape: dict[str, Any], folder: Path) -> Path:
+    """Random-weight checkpoint of the family and shape with a word-level tokenizer stub (the section feeds ids)."""
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    common = dict(rms_norm_eps=1e-5, eos_token_id=0, bos_token_id=None, pad_token_id=1, **shape)
+    torch.manual_seed(0)
+    if family == "llama":
+        model: Any = LlamaForCausalLM(LlamaConfig(**common, rope_parameters={"rope_type": "default",
+                                                                            "rope_theta": 100000.0}))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common, rope_parameters={"rope_type": "default",
+                                                                       "rope_theta": 1000000.0}))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, WEIGHT_STD)
+            elif family == "qwen2":  # norms stay 1; the q/k/v biases get values
+                p.add_(torch.randn_like(p) * WEIGHT_STD)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok = Tokenizer(models.WordLevel({"<eos>": 0, "<pad>": 1, "a": 2}, unk_token="a"))
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>").save_pretrained(folder)
+    return folder
+
+
+@torch.inference_mode()
+def reference(hf: Any, ids: list[int], device: torch.device) -> torch.Tensor:
+    """transformers' single forward: [L, V] float32 log-softmax."""
+    logits = hf(torch.tensor([ids], device=device)).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+def row_diffs(out: Any, lp: torch.Tensor, ids: list[int]) -> tuple[float, float, int]:
+    """(max |row - ref|, max |top value - ref at that token|, top-k sets that differ) for one scored prompt."""
+    rows = out.input_token_logprobs or []
+    assert len(rows) == len(ids) - 1, f"{len(rows)} rows for {len(ids)} tokens"
+    ref = lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:], device=lp.device)].tolist()
+    d_rows = max(abs(v - r) for (v, _), r in zip(rows, ref, strict=True))
+    d_top, moved = 0.0, 0
+    ref_top = torch.topk(lp[:-1], TOP_K, dim=-1).indices.tolist()
+    lp_cpu = lp.cpu()
+    for p, top in enumerate(out.input_top_logprobs or []):
+        d_top = max([d_top] + [abs(v - lp_cpu[p, t].item()) for v, t in top])
+        moved += {t for _, t in top} != set(ref_top[p])
+    return d_rows, d_top, moved
+
+
+def score_case(engine: Any, prompts: list[list[int]], lps: list[torch.Tensor]) -> dict[str, Any]:
+    from engine.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0, top_logprobs_num=TOP_K)
+    outs = engine.generate(prompts, params)
+    got = [row_diffs(o, lp, ids) for o, lp, ids in zip(outs, lps, prompts, strict=True)]
+    return {"max_abs_diff": max(g[0] for g in got), "top_max_abs_diff": max(g[1] for g in got),
+            "top_sets_moved": sum(g[2] for g in got), "cached_tokens": sum(o.cached_tokens for o in outs),
+            "rows": sum(len(p) - 1 for p in prompts)}
+
+
+@torch.inference_mode()
+def greedy_case(engine: Any, hf: Any, prompts: list[list[int]], device: torch.device) -> dict[str, Any]:
+    from engine.sampling_params import SamplingParams
+
+    outs = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
+    # No EOS: the engine ignores it, so transformers must run the full 32 tokens too.
+    hf.generation_config.eos_token_id = None
+    equal, first_diff = 0, []
+    for out, ids in zip(outs, prompts, strict=True):
+        g = hf.generate(torch.tensor([ids], device=device), max_new_tokens=NEW_TOKENS, do_sample=False,
+                        pad_token_id=1, output_scores=True, return_dict_in_generate=True)
+        ref = g.sequences[0, len(ids):].tolist()
+        if out.new_token_ids == ref:
+            equal += 1
+            continue
+        i = next((j for j, (a, b) in enumerate(zip(out.new_token_ids, ref, strict=False)) if a != b),
+                 min(len(ref), len(out.new_token_ids)))
+        gap = None
+        if i < len(g.scores):  # a near-tie at the first difference says rounding, not a bug
+            top2 = torch.topk(g.scores[i][0].float(), 2).values.tolist()
+            gap = top2[0] - top2[1]
+        first_diff.append({"position": i, "engine": out.new_token_ids[i:i + 3], "transformers": ref[i:i + 3],
+                           "top2_gap": gap, "lengths": [len(out.new_token_ids), len(ref)]})
+    return {"equal": equal, "prompts": len(prompts), "differences": first_diff}
+
+
+def family_case(family: str, shape: dict[str, Any], run: Any) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    folder = build(family, shape, run.tmp / f"exact-{family}")
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(run.device).eval()
+    rng = random.Random(11)
+    lengths = [5, 17, 40] if run.smoke else [5, 40, 130, 333]
+    prompts = [[rng.randrange(2, shape["vocab_size"]) for _ in range(n)] for n in lengths]
+    prompts.append(prompts[-1][:lengths[-1] // 2] + prompts[1])  # shares a prefix with the longest one
+    lps = [reference(hf, ids, run.device) for ids in prompts]
+    device, budget = str(run.device), 16 if run.smoke else 48
+    res: dict[str, Any] = {"layers": shape["num_hidden_layers"], "vocab": shape["vocab_size"]}
+    one = LLMEngine(EngineConfig(model=str(folder), device=device, dtype="float32", num_kv_blocks=512))
+    res["one_step"] = score_case(one, prompts, lps)
+    res["warm_repeat"] = score_case(one, prompts, lps)  # the same engine: blocks from the prefix cache
+    res["greedy"] = greedy_case(one, hf, prompts[:3], run.device)
+    del one
+    chunked = LLMEngine(EngineConfig(model=str(folder), device=device, dtype="float32", num_kv_blocks=512,
+                                     max_num_batched_tokens=budget, enable_prefix_cache=False))
+    res["chunked"] = score_case(chunked, prompts, lps)
+    res["chunked"]["max_num_batched_tokens"] = budget
+    return res
+
+
+def exact_section(run: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"tolerance": TOLERANCE}
+    for family, shape in (("llama", SMOLLM2), ("qwen2", QWEN2_TINY)):
+        shape = {**shape, **SMOKE} if run.smoke else shape
+        try:
+            out[family] = family_case(family, shape, run)
+        except Exception as e:  # the other family still runs
+            import traceback
+
+            traceback.print_exc()
+            out[family] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        print(f"  {family}: {summary_line(out[family])}", flush=True)
+    return out
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"FAILED {r['error']}"
+    cases = ("one_step", "warm_repeat", "chunked")
+    worst = max(max(r[c]["max_abs_diff"], r[c]["top_max_abs_diff"]) for c in cases)
+    moved = sum(r[c]["top_sets_moved"] for c in cases)
+    ok = "PASS" if worst <= TOLERANCE and r["greedy"]["equal"] == r["greedy"]["prompts"] else "FAIL"
+    return (f"{ok}: max |diff| {worst:.1e} (one step {r['one_step']['max_abs_diff']:.1e}, warm "
+            f"{r['warm_repeat']['max_abs_diff']:.1e} with {r['warm_repeat']['cached_tokens']} cached tokens, "
+            f"chunked {r['chunked']['max_abs_diff']:.1e}), top-{TOP_K} sets moved {moved}, greedy "
+            f"{r['greedy']['equal']}/{r['greedy']['prompts']} equal")
+
+
+def summary(res: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(f"float32 {family} ({res[family].get('layers', '?')} layers)", summary_line(res[family]))
+            for family in ("llama", "qwen2") if family in res]
