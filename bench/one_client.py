@@ -91,8 +91,9 @@ def _raw_header(url: str, path: str, name: bytes, value: bytes) -> int | None:
     host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
     body = b'{"input_ids": [1, 2, 3], "max_tokens": 0, "return_logprob": true}'
     with socket.create_connection((host, int(port)), timeout=60) as s:
+        kind = b"" if name.lower() == b"content-type" else b"Content-Type: application/json\r\n"
         s.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {len(body)}\r\n"
-                  .encode() + name + b": " + value + b"\r\n\r\n" + body)
+                  .encode() + kind + name + b": " + value + b"\r\n\r\n" + body)
         answer = s.recv(64)
     return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else None
 
@@ -131,13 +132,17 @@ def abuse(url: str, prefix: str, ids_of: Callable[[int, int], list[int]], body_t
                                                                 headers={"content-type": "text/plain"}))
             cases["chat_without_max_tokens"] = _timed(lambda: c.post(url + "/v1/chat/completions", json={
                 "messages": [{"role": "user", "content": "Hi"}], "max_tokens": None}))
-            cases["hostile_headers"] = {name.decode(): _raw_header(url, prefix.rstrip("/") + "/generate", name, value)
-                                        for name, value in [(b"Authorization", b"Bearer \xff"),
-                                                            (b"X-Request-ID", b"a" * 5000),
-                                                            (b"Content-Type", b"\xff/json"),
-                                                            (b"X-Request-ID", b"\xff\xfe")]}
+            # The last is decoded by Serve's own proxy, which answers a non-UTF-8 value with 500 (README).
+            cases["hostile_headers"] = {f"{name.decode()}: {value[:8]!r}": _raw_header(
+                url, prefix.rstrip("/") + "/generate", name, value) for name, value in [
+                    (b"Authorization", b"Bearer \xff"), (b"X-Request-ID", b"a" * 5000),
+                    (b"Content-Type", b"\xff/json"), (b"X-Request-ID", b"\xff\xfe")]}
             cases["slow_connections"] = _slow_connections(url, prefix.rstrip("/") + "/generate", body_timeout_s + 2)
         after = c.post(url + "/generate", json=known).json()["meta_info"]["input_token_logprobs"]
+    # Warm (prefix cache) vs cold rows agree within rounding, not bit for bit, outside batch-invariant mode.
+    diff = max((abs(a[0] - b[0]) if a[0] is not None and b[0] is not None else 0.0 if a[0] == b[0] else 1.0)
+               for a, b in zip(before, after, strict=True))
     return {"cases": cases, "prober_answers": prober.answers, "prober_failures": prober.failures,
-            "prober_slowest_s": round(prober.slowest_s, 2), "known_rows_same_after": before == after,
+            "prober_slowest_s": round(prober.slowest_s, 2), "known_rows_max_diff_after": diff,
+            "known_rows_same_after": diff <= 1e-4,
             "case_statuses": json.dumps({k: v.get("status") for k, v in cases.items() if isinstance(v, dict)})}
