@@ -101,7 +101,8 @@ class LLMEngine:
                                f"{cfg.max_top_logprobs} (config field max_top_logprobs).")
         entries = p.logprob_entries(num_ids)
         if entries > cfg.max_logprob_entries:
-            raise RequestError(f"The request would return {entries} logprob entries (rows x (1 + top_logprobs_num))"
+            raise RequestError(f"The request would return {entries} logprob entries (rows x (1 + top_logprobs_num) + "
+                               "scored rows x len(token_ids_logprob))"
                                f", above the server's limit of {cfg.max_logprob_entries} (config field "
                                "max_logprob_entries).")
 
@@ -137,7 +138,7 @@ class LLMEngine:
         seq = chunk.seq
         self.scheduler.update(chunk, len(r.score_logprobs), r.sampled)
         state = self.output_states[seq.request_id]
-        state.add_input_rows(r.score_logprobs, r.score_top)
+        state.add_input_rows(r.score_logprobs, r.score_top, r.score_token_ids)
         if not seq.generates:
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 return None

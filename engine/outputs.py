@@ -47,6 +47,8 @@ class RequestOutput:
     cached_tokens: int = 0
     input_token_logprobs: list[TokenLogprob] | None = field(default=None, metadata=CONCAT)
     input_top_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
+    # Per scored input position, the values of the request's token_ids_logprob, in the order asked.
+    input_token_ids_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
     output_token_logprobs: list[TokenLogprob] | None = field(default=None, metadata=CONCAT)
     output_top_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
     # Timings (time.monotonic seconds): arrival, first scheduled, finished.

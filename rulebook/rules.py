@@ -50,6 +50,8 @@ class Sampling(Protocol):
     min_p: float
     seed: int | None
     top_logprobs_num: int
+    input_logprob_temperature: float | None
+    token_ids_logprob: list[int] | None
     stop: list[str]
     stop_token_ids: list[int]
 
@@ -139,6 +141,12 @@ SAMPLING_RULES: tuple[SamplingRule, ...] = (
                  "The seed {value} must be in [0, " + str(MAX_SEED) + "]."),
     SamplingRule("top_logprobs_num", lambda x, v: x <= v,
                  "The top_logprobs_num {value} exceeds the vocabulary size {vocab}."),
+    # Scoring rows are log_softmax(logits / T): T = 0 or inf has no distribution (NaN rows), so the rule is
+    # positive and finite; None = not asked (1.0).
+    SamplingRule("input_logprob_temperature", lambda x, v: x is None or 0 < x < float("inf"),
+                 "The input_logprob_temperature {value} must be positive and finite."),
+    SamplingRule("token_ids_logprob", lambda x, v: 0 <= x < v,
+                 "The token_ids_logprob entry {value} is out of range for the vocabulary size {vocab}.", each=True),
     # An empty stop string would match at every position and end generation at once.
     SamplingRule("stop", lambda x, v: x != "", "The stop strings must not be empty.", each=True),
     SamplingRule("stop_token_ids", lambda x, v: 0 <= x < v,
@@ -150,7 +158,7 @@ def sampling_violation(params: Sampling, vocab_size: int) -> Violation | None:
     """The first sampling rule `params` breaks (`param` = the field)."""
     for rule in SAMPLING_RULES:
         value = getattr(params, rule.field)
-        for item in value if rule.each else (value,):
+        for item in (value or ()) if rule.each else (value,):
             if not rule.ok(item, vocab_size):
                 return Violation(rule.text.format(value=item, vocab=vocab_size), param=rule.field)
     return None
