@@ -105,6 +105,10 @@ class GenerateChunk:
     input_top_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
     output_token_logprobs: list[list] | None = field(default=None, metadata=CONCAT)
     output_top_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
+    # Per scored input position, [[value, token_id], ...] of the request's token_ids_logprob | None.
+    input_token_ids_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
+    # The request's input_logprob_temperature, echoed; None when it did not set one.
+    input_logprob_temperature: float | None = None
 
 
 @dataclass
@@ -151,4 +155,6 @@ def error_chunk(rid: str, message: str, code: int | None = None, after: Generate
         cached_tokens=after.cached_tokens if after else 0,
         input_token_logprobs=empty_like("input_token_logprobs"), input_top_logprobs=empty_like("input_top_logprobs"),
         output_token_logprobs=empty_like("output_token_logprobs"),
-        output_top_logprobs=empty_like("output_top_logprobs"))
+        output_top_logprobs=empty_like("output_top_logprobs"),
+        input_token_ids_logprobs=empty_like("input_token_ids_logprobs"),
+        input_logprob_temperature=after.input_logprob_temperature if after else None)

@@ -76,7 +76,7 @@ class EngineWorker:
 
         def convert(out: RequestOutput) -> GenerateChunk:  # in the engine thread, off this event loop
             self.metrics.on_output(params, out)
-            return to_chunk(out)
+            return to_chunk(out, params)
 
         async with contextlib.aclosing(self.engine.generate(req.rid, ids, params, convert, req.group,
                                                                      req.shared_tokens)) as stream:
