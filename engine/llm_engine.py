@@ -23,6 +23,9 @@ from engine.sequence import Sequence
 from engine.stats import EngineCounters, EngineStats, token_load
 from rulebook import rules
 
+# The weight version of the weights the engine starts with (SGLang's default).
+DEFAULT_WEIGHT_VERSION = "default"
+
 
 class RequestError(ValueError):
     """A request the engine cannot take (bad ids, too long, ...): the caller's fault, a 4xx."""
@@ -54,6 +57,8 @@ class LLMEngine:
                                    long_prefill_token_threshold=config.long_prefill_token_threshold)
         self.runner = ModelRunner(self.model, config, self.device, num_blocks)
         self.detokenizer = Detokenizer(self.tokenizer)
+        # The served weights' name (SGLang's weight_version): set by each update (engine/weight_update.py).
+        self.weight_version = DEFAULT_WEIGHT_VERSION
         self.seqs: dict[str, Sequence] = {}
         # What each live request's stream has been sent (the scheduler and the runner never see it).
         self.output_states: dict[str, OutputState] = {}
@@ -195,6 +200,12 @@ class LLMEngine:
             if check:
                 self.check_integrity()
         return [merge_outputs(streams[rid]) for rid in rids]
+
+    def flush_cache(self) -> None:
+        """Empty the prefix cache, and with it what the hidden-state store and log-sum-exp store serve (both are
+        read only at cached positions)."""
+        self.kv.reset()
+        self.runner.scorer.forget()
 
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.scheduler.live())
