@@ -16,15 +16,12 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.loader import eos_token_ids, load_model, load_tokenizer, resolve_device
 from engine.model_runner import ChunkResult, ModelRunner
 from engine.output_state import OutputState
-from engine.outputs import FinishReason, RequestOutput, merge_outputs
+from engine.outputs import DEFAULT_WEIGHT_VERSION, FinishReason, RequestOutput, merge_outputs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineCounters, EngineStats, token_load
 from rulebook import rules
-
-# The weight version of the weights the engine starts with (SGLang's default).
-DEFAULT_WEIGHT_VERSION = "default"
 
 
 class RequestError(ValueError):

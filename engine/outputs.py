@@ -8,6 +8,9 @@ from typing import Any, Literal, TypeVar
 
 FinishType = Literal["stop", "length", "abort", "error"]
 
+# The name of the weights an engine starts with, until an update names others (SGLang's default).
+DEFAULT_WEIGHT_VERSION = "default"
+
 # [value, token_id]
 TokenLogprob = tuple[float, int]
 

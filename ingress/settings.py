@@ -46,6 +46,8 @@ class IngressSettings:
                                    "0: never.")
     # Accepted bearer keys; empty: no authentication (edge/auth.py). Kept out of repr: settings may be logged.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # Keys the admin routes (weight updates, cache flush) take; a plain api_key never opens them (edge/auth.py).
+    admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         for name in ("max_batch_items", "max_stop_strings", "max_stop_string_chars", "max_stop_token_ids",

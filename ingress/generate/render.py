@@ -39,6 +39,7 @@ def chunk_json(chunk: GenerateChunk) -> dict[str, Any]:
             "input_top_logprobs": chunk.input_top_logprobs,
             "output_token_logprobs": chunk.output_token_logprobs,
             "output_top_logprobs": chunk.output_top_logprobs,
+            "weight_version": chunk.weight_version,
         },
     }
     # The RL fields appear only when the request asked for them, so the contract's answer is unchanged otherwise.

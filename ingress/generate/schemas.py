@@ -89,6 +89,8 @@ class MetaInfo(BaseModel):
     input_token_ids_logprobs: list[list[LogprobRow]] | None = Field(
         None, description="Only with token_ids_logprob: per scored row, [value, token_id] of each id asked.")
     input_logprob_temperature: float | None = Field(None, description="Only when the request set it.")
+    weight_version: str | None = Field(description="The weights that computed the answer (all of it: weights "
+                                       "change between requests only); see POST /update_weights_from_disk.")
 
 
 class GenerateResponse(BaseModel):
