@@ -163,6 +163,8 @@ class WorkerStats:
     rss_bytes: int = 0
     peak_rss_bytes: int = 0
     stalled_s: float = 0.0
+    # The weights this replica serves (POST /update_weights_from_disk).
+    weight_version: str = DEFAULT_WEIGHT_VERSION
 
 
 def error_chunk(rid: str, message: str, code: int | None = None, after: GenerateChunk | None = None) -> GenerateChunk:
