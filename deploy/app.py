@@ -30,7 +30,7 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
     # The weight registry (workers/weights.py) is named per deploy: a new deploy starts on the config's weights,
     # and an update reaches this deploy's workers only.
-    registry = f"rayscore-weights-{uuid.uuid4().hex[:16]}"
+    registry = f"rayscore-weights-{uuid.uuid4().hex[:16]}" if cfg.weight_updates else None
     worker = EngineWorkerDeployment.options(
         ray_actor_options={"num_cpus": cfg.worker_num_cpus, "num_gpus": cfg.worker_num_gpus},
         max_ongoing_requests=cfg.worker_max_ongoing_requests, max_queued_requests=cfg.worker_max_queued_requests,

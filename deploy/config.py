@@ -70,6 +70,9 @@ class AppConfig(DerivedFields):  # type: ignore[misc,valid-type]
                                                       "may finish its in-flight requests, receiving no new ones, "
                                                       "before it is killed.")
 
+    weight_updates: bool = Field(True, description="Serve POST /update_weights_from_disk and /flush_cache: each "
+                                 "deploy gets a weight registry actor (workers/weights.py) its workers follow.")
+
     prefix_aware_routing: bool = Field(False, description="Send each input_ids request to the worker that was sent "
                                        "the longest prefix of it (workers/router.py); else Serve's power of two.")
     router_block_size: int | None = Field(None, gt=0, description="Tokens per block the router hashes; default: "

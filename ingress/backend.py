@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # Ray is only needed once a handle exists; tests of the route
 
 logger = logging.getLogger(__name__)
 
+WEIGHT_UPDATES_OFF = "Weight updates are off on this deployment (config field `weight_updates`)."
+
 
 class Backend(Protocol):
     async def model_info(self) -> ModelInfo:
@@ -144,6 +146,8 @@ class HandleBackend:
         return self._tokenizer_info
 
     async def update_weights(self, req: WeightUpdate) -> WeightUpdateResult:
+        if self._weights_registry is None:
+            return WeightUpdateResult(False, WEIGHT_UPDATES_OFF)
         registry = self._registry()
         if registry is None:
             return WeightUpdateResult(False, "No worker replica has started: there are no weights to update yet.")
@@ -151,6 +155,8 @@ class HandleBackend:
         return result
 
     async def flush_cache(self) -> WeightUpdateResult:
+        if self._weights_registry is None:
+            return WeightUpdateResult(False, WEIGHT_UPDATES_OFF)
         registry = self._registry()
         if registry is None:
             return WeightUpdateResult(False, "No worker replica has started: there is no cache to flush.")

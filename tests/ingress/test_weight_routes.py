@@ -9,7 +9,8 @@ import pytest
 from ingress.app import build_fastapi_app
 from ingress.edge.auth import with_keys
 from ingress.settings import IngressSettings
-from tests.helpers.fakes import SCORE, FakeBackend
+from tests.helpers.fakes import SCORE, FakeBackend, FakeHandle
+from workers.protocol import WeightUpdate
 
 PLAIN, ADMIN = "plain-key", "admin-key"
 
@@ -64,3 +65,12 @@ def test_admin_keys_from_the_environment() -> None:
     s = with_keys(IngressSettings(admin_api_keys=("k-1",)), {"RAYSCORE_ADMIN_API_KEYS": "k-2, k-1"}, "127.0.0.1",
                   False)
     assert s.admin_api_keys == ("k-1", "k-2") and "k-1" not in repr(s)
+
+
+async def test_off_is_a_400_naming_the_field() -> None:
+    from ingress.backend import HandleBackend
+
+    backend = HandleBackend(FakeHandle(), weights_registry=None)  # type: ignore[arg-type]
+    result = await backend.update_weights(WeightUpdate("/x"))
+    assert not result.success and "weight_updates" in result.message
+    assert not (await backend.flush_cache()).success and await backend.weight_version() == "default"
