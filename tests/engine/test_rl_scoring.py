@@ -103,3 +103,11 @@ def test_smollm2_teacher_rows(smollm2_path) -> None:
                       score_rows_per_block=32, max_num_batched_tokens=64)
     ids = rand_ids(90, seed=11)
     rounds(eng, smollm2_path, [(ids, rl_scoring(0)), (ids, rl_scoring(0, 0.7, k=20, token_ids=LABELS))])
+
+
+def test_top_256_rows(tiny_models) -> None:
+    """max_top_logprobs raised to 256: every row's 256 best, in order, at T = 1 and 0.7, rows in blocks of 8."""
+    path = tiny_models["qwen2"]
+    eng = make_engine(path, enable_prefix_cache=True, max_top_logprobs=256)
+    ids = rand_ids(20, seed=12)
+    rounds(eng, path, [(ids, rl_scoring(0, k=256)), (ids, rl_scoring(3, 0.7, k=256))])
