@@ -8,7 +8,7 @@ top-k, builds the carriers (workers/convert.py), and the event loop hands them o
 long the loop is held at most. Reported: worker seconds (request in, carriers out) and CPU seconds (what a busy
 machine does not distort), the worker's extra peak
 memory (VmHWM after a reset, minus the resident set before), the pickled carriers (what Ray sends the
-ingress) and the JSON body (what the client receives).
+ingress), the JSON body (what the client receives) and the time json.dumps takes to write it (json_s).
 """
 
 from __future__ import annotations
