@@ -3,6 +3,7 @@
     python -m bench run [--quick] [--workload NAME ...] [--model PATH] [--reps N]
     python -m bench list
     python -m bench limits [...]        what the largest request costs a worker (bench/limits.py)
+    python -m bench weight_update [...] what a weight update costs a worker (bench/weight_update.py)
     python -m bench reliability [...]   flood, worker kill, drain, abandon against a server (bench/reliability.py)
     python -m bench invariant [...]     batch-invariant mode against the default, workloads 1-3 (bench/invariant.py)
     python -m bench invariant_device    the mode's checks and bits on this device, CUDA too (bench/invariant_device.py)
@@ -57,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
 # Commands with their own arguments, each in its own module.
 _TOOLS = {"limits": "bench.limits", "reliability": "bench.reliability", "invariant": "bench.invariant",
           "invariant_device": "bench.invariant_device", "long_prefill": "bench.long_prefill",
-          "families": "bench.families", "cuda_check": "bench.cuda_check"}
+          "families": "bench.families", "cuda_check": "bench.cuda_check",
+          "weight_update": "bench.weight_update"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,7 +8,7 @@ top-k, builds the carriers (workers/convert.py), and the event loop hands them o
 long the loop is held at most. Reported: worker seconds (request in, carriers out) and CPU seconds (what a busy
 machine does not distort), the worker's extra peak
 memory (VmHWM after a reset, minus the resident set before), the pickled carriers (what Ray sends the
-ingress) and the JSON body (what the client receives).
+ingress), the JSON body (what the client receives) and the time json.dumps takes to write it (json_s).
 """
 
 from __future__ import annotations
@@ -68,12 +68,15 @@ def _case(model: str, rows: int, k: int, threads: int, out: mp.Queue) -> None:
     blob = pickle.dumps(chunks, protocol=5)
     pickle_s = time.perf_counter() - t0 - worker_s
     _, peak = process_memory()
+    t1 = time.perf_counter()
     body = json.dumps(chunk_json(merge_outputs(chunks)), separators=(",", ":")).encode()
+    json_s = time.perf_counter() - t1
     engine.shutdown()
     out.put({"k": k, "rows": rows, "entries": rows * (1 + k), "worker_s": round(worker_s, 2),
              "worker_cpu_s": round(cpu_s, 2),
              "pickle_s": round(pickle_s, 2), "worker_extra_mib": round((peak - rss_before) / 2**20),
              "pickled_mb": round(len(blob) / 1e6, 1), "json_mb": round(len(body) / 1e6, 1),
+             "json_s": round(json_s, 2),
              "max_loop_stall_ms": round(stall * 1000)})
 
 

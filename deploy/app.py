@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from ray.serve import Application
@@ -27,6 +28,9 @@ def _routing(cfg: AppConfig) -> dict[str, Any]:
 
 def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
+    # The weight registry (workers/weights.py) is named per deploy: a new deploy starts on the config's weights,
+    # and an update reaches this deploy's workers only.
+    registry = f"rayscore-weights-{uuid.uuid4().hex[:16]}" if cfg.weight_updates else None
     worker = EngineWorkerDeployment.options(
         ray_actor_options={"num_cpus": cfg.worker_num_cpus, "num_gpus": cfg.worker_num_gpus},
         max_ongoing_requests=cfg.worker_max_ongoing_requests, max_queued_requests=cfg.worker_max_queued_requests,
@@ -35,9 +39,10 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
         health_check_period_s=5, health_check_timeout_s=30,
         graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
         **_routing(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
-    ).bind(cfg.engine_config(), cfg.model_name)
+    ).bind(cfg.engine_config(), cfg.model_name, registry)
     return Ingress.options(
         ray_actor_options={"num_cpus": cfg.ingress_num_cpus}, max_ongoing_requests=cfg.ingress_max_ongoing_requests,
         graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
         **_scaling(cfg.ingress_num_replicas, cfg.ingress_autoscaling),
-    ).bind(worker, settings=cfg.ingress_settings(), allow_unauthenticated=cfg.allow_unauthenticated)
+    ).bind(worker, settings=cfg.ingress_settings(), allow_unauthenticated=cfg.allow_unauthenticated,
+           weights_registry=registry)

@@ -25,7 +25,7 @@ _EDGE_FIELDS = {"kv_cache_bytes", "num_threads"}
 
 # IngressSettings fields this edge does not take from it: the logprob limits are the engine's fields (the same
 # values go to both), and API keys arrive as secrets.
-_INGRESS_OWN = {"max_top_logprobs", "max_logprob_entries", "api_keys"}
+_INGRESS_OWN = {"max_top_logprobs", "max_logprob_entries", "api_keys", "admin_api_keys"}
 
 
 def _fields(cls: type, skip: set[str]) -> dict[str, Any]:
@@ -70,6 +70,9 @@ class AppConfig(DerivedFields):  # type: ignore[misc,valid-type]
                                                       "may finish its in-flight requests, receiving no new ones, "
                                                       "before it is killed.")
 
+    weight_updates: bool = Field(True, description="Serve POST /update_weights_from_disk and /flush_cache: each "
+                                 "deploy gets a weight registry actor (workers/weights.py) its workers follow.")
+
     prefix_aware_routing: bool = Field(False, description="Send each input_ids request to the worker that was sent "
                                        "the longest prefix of it (workers/router.py); else Serve's power of two.")
     router_block_size: int | None = Field(None, gt=0, description="Tokens per block the router hashes; default: "
@@ -91,13 +94,18 @@ class AppConfig(DerivedFields):  # type: ignore[misc,valid-type]
     # SecretStr: a config printed or logged shows '**********', never a key.
     api_keys: list[SecretStr] | None = Field(None, description="Accepted `Authorization: Bearer` keys (every route but "
                                        "/health and the API docs); also from $RAYSCORE_API_KEYS, comma-separated.")
+    admin_api_keys: list[SecretStr] | None = Field(None, description="Keys that open the admin routes "
+                                             "(/update_weights_from_disk, /flush_cache), which no `api_keys` key "
+                                             "opens; also from $RAYSCORE_ADMIN_API_KEYS.")
     allow_unauthenticated: bool = Field(False, description="Serve without API keys on a non-loopback address on "
                                         "purpose; otherwise such a config refuses to start.")
 
     def ingress_settings(self) -> IngressSettings:
         """What the ingress enforces (the keys of $RAYSCORE_API_KEYS are added where it runs)."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(IngressSettings) if f.name != "api_keys"}
-        return IngressSettings(**values, api_keys=tuple(k.get_secret_value() for k in self.api_keys or ()))
+        secret = {"api_keys", "admin_api_keys"}
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(IngressSettings) if f.name not in secret}
+        return IngressSettings(**values, api_keys=tuple(k.get_secret_value() for k in self.api_keys or ()),
+                               admin_api_keys=tuple(k.get_secret_value() for k in self.admin_api_keys or ()))
 
     @model_validator(mode="after")
     def _configs_are_valid(self) -> AppConfig:

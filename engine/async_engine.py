@@ -8,6 +8,7 @@ delta never holds the caller's event loop), and a health check that tells a stuc
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -53,6 +54,9 @@ class AsyncEngine:
         # touches the engine, so the scheduler needs no locks.
         self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
+        # An exclusive call waiting for the engine to drain (run_exclusive) and the adds held back meanwhile.
+        self._exclusive: tuple[Callable[[LLMEngine], Any], concurrent.futures.Future, int] | None = None
+        self._held: list[tuple] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = False
@@ -108,6 +112,23 @@ class AsyncEngine:
         self._commands.put(("abort", request_id))
         self._wake.set()
 
+    def run_exclusive(self, fn: Callable[[LLMEngine], Any], abort_all: bool = False) -> concurrent.futures.Future:
+        """Run fn(engine) in the engine thread once no request is in the engine: the requests in it finish first
+        (or are aborted, abort_all), and requests that arrive meanwhile wait and start after fn. The future's
+        result is (fn's result, how many requests were in the engine when the call arrived). What a weight update
+        needs: no answer spans two weights."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("exclusive", fn, abort_all, done))
+        self._wake.set()
+        return done
+
+    def run_between_steps(self, fn: Callable[[LLMEngine], Any]) -> concurrent.futures.Future:
+        """Run fn(engine) in the engine thread between two steps (a cache flush); the future holds its result."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("call", fn, done))
+        self._wake.set()
+        return done
+
     def stats(self) -> ServingStats:
         queued, queued_tokens = self.admission.queued
         engine = asdict(self.engine.stats())
@@ -155,21 +176,52 @@ class AsyncEngine:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if cmd[0] == "add":
-                _, rid, ids, params = cmd
-                try:
-                    self.engine.add_request(rid, ids, params)
-                except RequestError as e:
-                    self._deliver(RequestOutput(rid, finished=True, prompt_tokens=len(ids),
-                                                finish_reason=FinishReason("error", message=str(e), code=400)))
-            else:
-                self.engine.abort_request(cmd[1])  # its stream is gone already: nothing to deliver
+            self._dispatch(cmd)
+
+    def _dispatch(self, cmd: tuple) -> None:
+        if cmd[0] in ("add", "exclusive") and self._exclusive is not None:
+            self._held.append(cmd)  # starts after the exclusive call, on what it leaves (new weights)
+        elif cmd[0] == "add":
+            self._add(cmd)
+        elif cmd[0] == "exclusive":
+            _, fn, abort_all, done = cmd
+            paused = len(self.engine.seqs)
+            if abort_all:
+                for rid in list(self.engine.seqs):
+                    out = self.engine.abort_request(rid)
+                    if out is not None:
+                        self._deliver(out)
+            self._exclusive = (fn, done, paused)
+        elif cmd[0] == "call":
+            _run_into(cmd[2], cmd[1], self.engine)
+        else:
+            self.engine.abort_request(cmd[1])  # its stream is gone already: nothing to deliver
+
+    def _add(self, cmd: tuple) -> None:
+        _, rid, ids, params = cmd
+        try:
+            self.engine.add_request(rid, ids, params)
+        except RequestError as e:
+            self._deliver(RequestOutput(rid, finished=True, prompt_tokens=len(ids),
+                                        finish_reason=FinishReason("error", message=str(e), code=400)))
+
+    def _run_exclusive_when_drained(self) -> None:
+        if self._exclusive is None or self.engine.has_unfinished():
+            return
+        fn, done, paused = self._exclusive
+        self._exclusive = None
+        _run_into(done, lambda eng: (fn(eng), paused), self.engine)
+        held, self._held = self._held, []
+        for cmd in held:
+            if cmd[0] != "add" or cmd[1] in self._streams:  # a held request whose client left is not started
+                self._dispatch(cmd)
 
     def _loop(self) -> None:
         try:
             while not self._stopped:
                 self._last_progress = time.monotonic()
                 self._run_commands()
+                self._run_exclusive_when_drained()
                 if not self.engine.has_unfinished():
                     self._wake.wait(timeout=1.0)
                     self._wake.clear()
@@ -185,3 +237,11 @@ class AsyncEngine:
             for rid in rids:
                 self._deliver(RequestOutput(rid, finished=True, finish_reason=FinishReason(
                     "error", message=f"engine failure: {type(e).__name__}: {e}", code=500)))
+
+
+def _run_into(done: concurrent.futures.Future, fn: Callable[[LLMEngine], Any], engine: LLMEngine) -> None:
+    """fn(engine)'s result or exception into `done`: a failing call fails its caller, never the engine loop."""
+    try:
+        done.set_result(fn(engine))
+    except Exception as exc:  # noqa: BLE001  # handed to the caller, who reports it
+        done.set_exception(exc)

@@ -87,6 +87,12 @@ class KVCacheManager:
                 self.cached[h] = block
                 self.block_meta[block] = (h, tokens)
 
+    def reset(self) -> None:
+        """Forget every cached block (a flush, or new weights): blocks held by live requests stay theirs, but no
+        later request finds them."""
+        self.cached.clear()
+        self.block_meta.clear()
+
     def _allocate_block(self) -> int:
         block = self.pool.allocate()
         meta = self.block_meta.pop(block, None)

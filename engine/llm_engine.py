@@ -16,7 +16,7 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.loader import eos_token_ids, load_model, load_tokenizer, resolve_device
 from engine.model_runner import ChunkResult, ModelRunner
 from engine.output_state import OutputState
-from engine.outputs import FinishReason, RequestOutput, merge_outputs
+from engine.outputs import DEFAULT_WEIGHT_VERSION, FinishReason, RequestOutput, merge_outputs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import Sequence
@@ -54,6 +54,8 @@ class LLMEngine:
                                    long_prefill_token_threshold=config.long_prefill_token_threshold)
         self.runner = ModelRunner(self.model, config, self.device, num_blocks)
         self.detokenizer = Detokenizer(self.tokenizer)
+        # The served weights' name (SGLang's weight_version): set by each update (engine/weight_update.py).
+        self.weight_version = DEFAULT_WEIGHT_VERSION
         self.seqs: dict[str, Sequence] = {}
         # What each live request's stream has been sent (the scheduler and the runner never see it).
         self.output_states: dict[str, OutputState] = {}
@@ -101,7 +103,8 @@ class LLMEngine:
                                f"{cfg.max_top_logprobs} (config field max_top_logprobs).")
         entries = p.logprob_entries(num_ids)
         if entries > cfg.max_logprob_entries:
-            raise RequestError(f"The request would return {entries} logprob entries (rows x (1 + top_logprobs_num))"
+            raise RequestError(f"The request would return {entries} logprob entries (rows x (1 + top_logprobs_num) + "
+                               "scored rows x len(token_ids_logprob))"
                                f", above the server's limit of {cfg.max_logprob_entries} (config field "
                                "max_logprob_entries).")
 
@@ -137,7 +140,7 @@ class LLMEngine:
         seq = chunk.seq
         self.scheduler.update(chunk, len(r.score_logprobs), r.sampled)
         state = self.output_states[seq.request_id]
-        state.add_input_rows(r.score_logprobs, r.score_top)
+        state.add_input_rows(r.score_logprobs, r.score_top, r.score_token_ids)
         if not seq.generates:
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 return None
@@ -194,6 +197,12 @@ class LLMEngine:
             if check:
                 self.check_integrity()
         return [merge_outputs(streams[rid]) for rid in rids]
+
+    def flush_cache(self) -> None:
+        """Empty the prefix cache, and with it what the hidden-state store and log-sum-exp store serve (both are
+        read only at cached positions)."""
+        self.kv.reset()
+        self.runner.scorer.forget()
 
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.scheduler.live())

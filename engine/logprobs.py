@@ -4,6 +4,7 @@ blocks of rows, so scoring never materializes [L, vocab] logits whatever the pro
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -47,20 +48,33 @@ def top_k_rows(values: torch.Tensor, ks: list[int]) -> list[list[TokenLogprob] |
     return [list(zip(tv[r][:k], ti[r][:k], strict=True)) if k > 0 else None for r, k in enumerate(ks)]
 
 
+@dataclass
+class ScoredRows:
+    """What score_rows gives back, one entry per row."""
+
+    values: list[TokenLogprob]  # (value, target)
+    tops: list[list[TokenLogprob] | None]  # top-k, None where the row's k is 0
+    token_ids: list[list[TokenLogprob] | None]  # values of the row's asked token ids, None where none are asked
+    lse: torch.Tensor  # [R] float32 log-sum-exp of the (temperature-scaled) logits
+
+
 def score_rows(hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor,
-               ks: list[int], mode: str, rows_per_block: int, invariant: bool = False
-               ) -> tuple[list[TokenLogprob], list[list[TokenLogprob] | None], torch.Tensor]:
+               ks: list[int], mode: str, rows_per_block: int, invariant: bool = False,
+               temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None) -> ScoredRows:
     """hidden: [R, hidden] pre-norm rows; compute_logits: the model's final norm + LM head over some rows;
     targets: [R] the token each row scores.
-    Returns per row (value, target), its top-k list (None where its k is 0), and [R] float32 log-sum-exp of
-    its raw logits (kept by the caller so a later score of the same position needs no projection).
+    temps: [R] float32 temperature per row, or None when every row is at 1 (no extra work): values are then taken
+    from logits / T. token_ids: per row, the token ids whose values it also reports (None: none).
+    The log-sum-exp is kept by the caller so a later score of the same position needs no projection; it is that
+    of the scaled logits, so only rows at T = 1 may be kept.
     invariant: batch-invariant mode (the LM head is tiled by its own flag; log-softmax tiled here)."""
-    values: list[TokenLogprob] = []
-    tops: list[list[TokenLogprob] | None] = []
+    out = ScoredRows([], [], [], torch.empty(0))
     lses: list[torch.Tensor] = []
     for lo in range(0, hidden.shape[0], rows_per_block):
         hi = min(lo + rows_per_block, hidden.shape[0])
         logits = compute_logits(hidden[lo:hi]).float()  # [rows, V]: the only vocab-wide buffers
+        if temps is not None:  # a division, as `logits / T` is written by the client's reference
+            logits = logits / temps[lo:hi, None]
         # torch's float32 log_softmax, as transformers users compute it: `logits - logsumexp` is as accurate but
         # rounds differently (~2.5e-5 on a 49k vocabulary), which adds up over a multi-token continuation.
         scores = row_scores(logits, mode, invariant)
@@ -68,6 +82,19 @@ def score_rows(hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], to
         lses.append(logits[:, 0] - scores[:, 0] if mode == "raw_logprobs" else torch.logsumexp(logits, dim=-1))
         t = targets[lo:hi]
         picked = scores.gather(1, t[:, None])[:, 0]
-        values.extend(zip(picked.tolist(), t.tolist(), strict=True))
-        tops.extend(top_k_rows(scores, ks[lo:hi]))
-    return values, tops, torch.cat(lses)
+        out.values.extend(zip(picked.tolist(), t.tolist(), strict=True))
+        out.tops.extend(top_k_rows(scores, ks[lo:hi]))
+        out.token_ids.extend(token_id_rows(scores, token_ids[lo:hi]) if token_ids else [None] * (hi - lo))
+    out.lse = torch.cat(lses)
+    return out
+
+
+def token_id_rows(scores: torch.Tensor, ids: list[list[int] | None]) -> list[list[TokenLogprob] | None]:
+    """Each row's values at its own token ids, in the order asked: one gather over the rows' ids padded to the
+    longest list (a block mixes requests)."""
+    width = max((len(i) for i in ids if i), default=0)
+    if width == 0:
+        return [None if i is None else [] for i in ids]
+    index = torch.tensor([(i or []) + [0] * (width - len(i or [])) for i in ids], device=scores.device)
+    vals = scores.gather(1, index).tolist()
+    return [None if i is None else list(zip(vals[r][:len(i)], i, strict=True)) for r, i in enumerate(ids)]

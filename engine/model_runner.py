@@ -20,7 +20,7 @@ from engine.models import CausalLM
 from engine.outputs import TokenLogprob
 from engine.sampler import sample
 from engine.scheduler import ScheduledChunk, SchedulerOutput
-from engine.scorer import RowScorer
+from engine.scorer import RowRequest, RowScorer
 from engine.sequence import Sequence
 
 
@@ -29,6 +29,8 @@ class ChunkResult:
     # Scoring rows produced in this chunk, in position order (empty when none).
     score_logprobs: list[TokenLogprob]
     score_top: list[list[TokenLogprob] | None]
+    # Per scoring row, the values of the request's token_ids_logprob (None where it asks none).
+    score_token_ids: list[list[TokenLogprob] | None] = field(default_factory=list)
     # The token sampled from the chunk's last row, when the chunk completes a generating request's context.
     sampled: int | None = None
     sampled_logprob: TokenLogprob | None = None
@@ -65,6 +67,8 @@ class ScorePlan:
     rows: list[int] = field(default_factory=list)
     targets: list[int] = field(default_factory=list)  # [R] the token each row scores
     top_k: list[int] = field(default_factory=list)  # [R] how many top tokens each row reports
+    temps: list[float] = field(default_factory=list)  # [R] input_logprob_temperature of each row
+    token_ids: list[list[int] | None] = field(default_factory=list)  # [R] token_ids_logprob of each row
     slots: list[torch.Tensor] = field(default_factory=list)  # per chunk: [rows] KV slot of each scored position
     cached: list[bool] = field(default_factory=list)  # [R] position was computed before this step
     # Slots whose stored hidden state is appended after the forward's rows, in that order.
@@ -190,6 +194,8 @@ class ModelRunner:
         plan.rows.extend(range(lay.offset + lo + num_cached - start, lay.offset + hi + 1 - start))
         plan.targets.extend(seq.token_ids[lo + 1:hi + 2])
         plan.top_k.extend([seq.params.top_logprobs_num] * lay.num_score_rows)
+        plan.temps.extend([seq.params.score_temperature] * lay.num_score_rows)
+        plan.token_ids.extend([seq.params.token_ids_logprob] * lay.num_score_rows)
         plan.slots.append(lay.slots[lo:hi + 1])
         plan.cached.extend([True] * num_cached + [False] * (lay.num_score_rows - num_cached))
 
@@ -214,13 +220,14 @@ class ModelRunner:
     def score(self, hidden: torch.Tensor, plan: ScorePlan, results: list[ChunkResult]) -> None:
         if not plan.rows:
             return
-        values, tops = self.scorer.score(hidden[torch.tensor(plan.rows, device=self.device)],
-                                         torch.tensor(plan.targets, device=self.device), plan.top_k,
-                                         torch.cat(plan.slots), torch.tensor(plan.cached, device=self.device))
+        got = self.scorer.score(hidden[torch.tensor(plan.rows, device=self.device)], RowRequest(
+            torch.tensor(plan.targets, device=self.device), plan.top_k, torch.cat(plan.slots),
+            torch.tensor(plan.cached, device=self.device), plan.temps, plan.token_ids))
         at = 0
         for result, count in zip(results, plan.counts, strict=True):
-            result.score_logprobs = values[at:at + count]
-            result.score_top = tops[at:at + count]
+            result.score_logprobs = got.values[at:at + count]
+            result.score_top = got.tops[at:at + count]
+            result.score_token_ids = got.token_ids[at:at + count]
             at += count
 
     def sample(self, hidden: torch.Tensor, rows: list[tuple[int, int]], sched: SchedulerOutput,

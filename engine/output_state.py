@@ -17,6 +17,8 @@ class OutputState:
         self.input_token_logprobs: list[TokenLogprob] | None = [] if params.scores_input else None
         self.input_top_logprobs: list[list[TokenLogprob]] | None = (
             [] if params.scores_input and params.top_logprobs_num > 0 else None)
+        self.input_token_ids_logprobs: list[list[TokenLogprob]] | None = (
+            [] if params.scores_input and params.token_ids_logprob is not None else None)
         self.output_token_logprobs: list[TokenLogprob] | None = [] if want else None
         self.output_top_logprobs: list[list[TokenLogprob]] | None = (
             [] if want and params.top_logprobs_num > 0 else None)
@@ -28,11 +30,14 @@ class OutputState:
         self.num_output_logprobs_sent = 0
         self.input_rows_sent = False
 
-    def add_input_rows(self, values: list[TokenLogprob], tops: list[list[TokenLogprob] | None]) -> None:
+    def add_input_rows(self, values: list[TokenLogprob], tops: list[list[TokenLogprob] | None],
+                       token_ids: list[list[TokenLogprob] | None]) -> None:
         if self.input_token_logprobs is not None and values:
             self.input_token_logprobs.extend(values)
             if self.input_top_logprobs is not None:
                 self.input_top_logprobs.extend(t or [] for t in tops)
+            if self.input_token_ids_logprobs is not None:
+                self.input_token_ids_logprobs.extend(t or [] for t in token_ids)
 
     def add_sampled(self, value: TokenLogprob | None, top: list[TokenLogprob] | None) -> None:
         if self.output_token_logprobs is not None and value is not None:
@@ -70,6 +75,7 @@ class OutputState:
             # Input rows are sent once, with the output that ends the prefill.
             input_token_logprobs=self._once(self.input_token_logprobs),
             input_top_logprobs=self._once(self.input_top_logprobs),
+            input_token_ids_logprobs=self._once(self.input_token_ids_logprobs),
             output_token_logprobs=_since(self.output_token_logprobs, n_lp),
             output_top_logprobs=_since(self.output_top_logprobs, n_lp),
             arrival_time=seq.arrival_time, scheduled_time=seq.scheduled_time, finished_time=seq.finished_time,

@@ -8,6 +8,9 @@ from typing import Any, Literal, TypeVar
 
 FinishType = Literal["stop", "length", "abort", "error"]
 
+# The name of the weights an engine starts with, until an update names others (SGLang's default).
+DEFAULT_WEIGHT_VERSION = "default"
+
 # [value, token_id]
 TokenLogprob = tuple[float, int]
 
@@ -47,6 +50,8 @@ class RequestOutput:
     cached_tokens: int = 0
     input_token_logprobs: list[TokenLogprob] | None = field(default=None, metadata=CONCAT)
     input_top_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
+    # Per scored input position, the values of the request's token_ids_logprob, in the order asked.
+    input_token_ids_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
     output_token_logprobs: list[TokenLogprob] | None = field(default=None, metadata=CONCAT)
     output_top_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
     # Timings (time.monotonic seconds): arrival, first scheduled, finished.

@@ -29,6 +29,11 @@ class SamplingParams:
     logprob_start_len: int = -1
     # k most likely tokens per scored / generated position; 0 = none.
     top_logprobs_num: int = 0
+    # Input-token scoring rows (and their top-k, token-id rows) are log_softmax(logits / T); None = not asked (1.0,
+    # and not echoed). Sampling keeps its own `temperature`.
+    input_logprob_temperature: float | None = None
+    # Token ids whose values are reported at every scored input position (SGLang's token_ids_logprob); None = none.
+    token_ids_logprob: list[int] | None = None
 
     # Derived once per request, not per generated token: a request with many stops must not cost every token a
     # pass over them (the engine scans stops inside the step that serves the whole batch).
@@ -50,14 +55,18 @@ class SamplingParams:
         return self.logprob_start_len >= 0
 
     @property
+    def score_temperature(self) -> float:
+        return 1.0 if self.input_logprob_temperature is None else self.input_logprob_temperature
+
+    @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
     def logprob_entries(self, num_prompt_tokens: int) -> int:
         """How many [value, token_id] entries the answer holds at most: rows x (1 + k), where the rows are the
-        scored input positions and, with return_logprob, one per token to generate. What the limit
-        max_logprob_entries bounds (the answer's size and the worker's memory for it)."""
-        rows = max(0, num_prompt_tokens - self.logprob_start_len - 1) if self.scores_input else 0
-        if self.return_logprob:
-            rows += self.max_tokens
-        return rows * (1 + self.top_logprobs_num)
+        scored input positions and, with return_logprob, one per token to generate, plus len(token_ids_logprob)
+        per scored input position. What the limit max_logprob_entries bounds (the answer's size and the worker's
+        memory for it)."""
+        input_rows = max(0, num_prompt_tokens - self.logprob_start_len - 1) if self.scores_input else 0
+        rows = input_rows + (self.max_tokens if self.return_logprob else 0)
+        return rows * (1 + self.top_logprobs_num) + input_rows * len(self.token_ids_logprob or ())

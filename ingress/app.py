@@ -24,6 +24,7 @@ from ingress.openai.render import error_json as openai_error_json
 from ingress.openai.router import openai_router
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
+from ingress.weights.routes import weights_router
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
@@ -77,4 +78,6 @@ def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
                       responses={200: {"model": HealthBody}, 503: {"model": HealthBody}})
     # /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info (openai/router.py).
     app.include_router(openai_router(backend, settings, retries))
+    # /update_weights_from_disk, /flush_cache, /model_info (weights/routes.py).
+    app.include_router(weights_router(backend))
     return app

@@ -13,12 +13,24 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ingress.errors import Overloaded, WorkerLost, worker_failed
-from workers.protocol import ChatPrompt, GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo
+from workers.protocol import (
+    DEFAULT_WEIGHT_VERSION,
+    WEIGHTS_NAMESPACE,
+    ChatPrompt,
+    GenerateChunk,
+    GenerateRequest,
+    ModelInfo,
+    TokenizerInfo,
+    WeightUpdate,
+    WeightUpdateResult,
+)
 
 if TYPE_CHECKING:  # Ray is only needed once a handle exists; tests of the routes never import it.
     from ray.serve.handle import DeploymentHandle
 
 logger = logging.getLogger(__name__)
+
+WEIGHT_UPDATES_OFF = "Weight updates are off on this deployment (config field `weight_updates`)."
 
 
 class Backend(Protocol):
@@ -61,14 +73,28 @@ class Backend(Protocol):
     async def tokenizer_info(self) -> TokenizerInfo:
         ...
 
+    # Weights (ingress/weights.py): every worker replica, through the deployment's weight registry.
+    async def update_weights(self, req: WeightUpdate) -> WeightUpdateResult:
+        """Every replica loads req.model_path, or none does (success False, the reason in message)."""
+        ...
+
+    async def flush_cache(self) -> WeightUpdateResult:
+        ...
+
+    async def weight_version(self) -> str:
+        ...
+
 
 class HandleBackend:
     """Backend over the worker deployment: `generate` (streaming), `model_info`, `stats` and the tokenizer's
     `tokenize`, `detokenize`, `token_texts`, `apply_chat_template`, `tokenizer_info`. Ray's errors for a lost
     replica become WorkerLost and Serve's BackPressureError becomes Overloaded (`_translated`)."""
 
-    def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0) -> None:
+    def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
+                 weights_registry: str | None = None) -> None:
         self._worker = worker
+        # The worker deployment's weight registry (a Ray actor named per deploy, created by the first worker).
+        self._weights_registry = weights_registry
         self._stream_worker = worker.options(stream=True)
         self._ready_timeout_s = ready_timeout_s
         # Every replica serves the same model, so the first answer holds for the deployment's lifetime.
@@ -118,6 +144,42 @@ class HandleBackend:
         if self._tokenizer_info is None:
             self._tokenizer_info = await _call(self._worker.tokenizer_info)
         return self._tokenizer_info
+
+    async def update_weights(self, req: WeightUpdate) -> WeightUpdateResult:
+        if self._weights_registry is None:
+            return WeightUpdateResult(False, WEIGHT_UPDATES_OFF)
+        registry = self._registry()
+        if registry is None:
+            return WeightUpdateResult(False, "No worker replica has started: there are no weights to update yet.")
+        result: WeightUpdateResult = await registry.update.remote(req)
+        return result
+
+    async def flush_cache(self) -> WeightUpdateResult:
+        if self._weights_registry is None:
+            return WeightUpdateResult(False, WEIGHT_UPDATES_OFF)
+        registry = self._registry()
+        if registry is None:
+            return WeightUpdateResult(False, "No worker replica has started: there is no cache to flush.")
+        result: WeightUpdateResult = await registry.flush.remote()
+        return result
+
+    async def weight_version(self) -> str:
+        registry = self._registry()
+        if registry is None:
+            return DEFAULT_WEIGHT_VERSION
+        version: str = await registry.version.remote()
+        return version
+
+    def _registry(self) -> Any:
+        """The registry's actor handle by name (the ingress imports no worker code), None before any worker made it."""
+        import ray
+
+        if self._weights_registry is None:
+            return None
+        try:
+            return ray.get_actor(self._weights_registry, namespace=WEIGHTS_NAMESPACE)
+        except ValueError:
+            return None
 
     async def ready(self) -> bool:
         response = self._worker.stats.remote()

@@ -1,10 +1,12 @@
 """The Ray Serve ingress deployment: the FastAPI app of app.py over the worker deployment's handle.
 
-Bound by deploy/ (never here): `Ingress.options(...).bind(worker_app, settings=..., allow_unauthenticated=...)`.
-Constructor: `Ingress(worker: DeploymentHandle, ready_timeout_s: float = 5.0, settings: IngressSettings | None,
-allow_unauthenticated: bool = False)`, where `worker` is the worker deployment (methods `generate` streaming
-GenerateChunk, `model_info`, `stats`), `ready_timeout_s` bounds how long GET /health waits for a worker's
-`stats` before answering 503, and `settings` holds the limits, deadlines and config keys (settings.py).
+Bound by deploy/ (never here): `Ingress.options(...).bind(worker_app, settings=..., allow_unauthenticated=...,
+weights_registry=...)`. Constructor: `Ingress(worker: DeploymentHandle, ready_timeout_s: float = 5.0,
+settings: IngressSettings | None, allow_unauthenticated: bool = False, weights_registry: str | None = None)`,
+where `worker` is the worker deployment (methods `generate` streaming GenerateChunk, `model_info`, `stats`),
+`ready_timeout_s` bounds how long GET /health waits for a worker's `stats` before answering 503, `settings` holds
+the limits, deadlines and config keys (settings.py), and `weights_registry` names the worker deployment's weight
+registry (workers/weights.py; None: no weight updates).
 Handle method: `stats()` -> IngressStats (requests run again after their worker was lost).
 """
 
@@ -70,11 +72,12 @@ class IngressStats:
 @serve.ingress()
 class Ingress:
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
-                 settings: IngressSettings | None = None, allow_unauthenticated: bool = False) -> None:
+                 settings: IngressSettings | None = None, allow_unauthenticated: bool = False,
+                 weights_registry: str | None = None) -> None:
         # Keys from $RAYSCORE_API_KEYS are read here, where the ingress runs, and never leave this process.
         # Raising here fails the deployment: a server reachable from other machines without keys never starts.
         self._settings = with_keys(settings or IngressSettings(), os.environ, serve_http_host(), allow_unauthenticated)
-        self._backend = HandleBackend(worker, ready_timeout_s=ready_timeout_s)
+        self._backend = HandleBackend(worker, ready_timeout_s=ready_timeout_s, weights_registry=weights_registry)
         metric = Counter("rayscore_retries_total",
                          description="Requests run again because their worker was lost before any byte was sent.")
         self._retries = RetryCounter(on_retry=metric.inc)

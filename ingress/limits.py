@@ -16,7 +16,8 @@ from workers.protocol import GenerateRequest
 
 TOP_K_OVER = ("The request asks for the {k} most likely tokens per position; this server returns at most {limit} "
               "(config field `max_top_logprobs`).")
-ENTRIES_OVER = ("The request would return {entries} logprob entries (rows x (1 + top-k), summed over its prompts); "
+ENTRIES_OVER = ("The request would return {entries} logprob entries (rows x (1 + top-k) + scored rows x "
+                "len(token_ids_logprob), summed over its prompts); "
                 "this server returns at most {limit} per request (config field `max_logprob_entries`).")
 
 FAN_OUT_OVER = ("The request makes {n} worker requests (batch items, prompts, or score items x labels); this "
@@ -53,6 +54,8 @@ def check_fields(req: GenerateRequest, settings: IngressSettings) -> None:
               ("longest stop string", max(map(len, p.stop), default=0), settings.max_stop_string_chars,
                "max_stop_string_chars"),
               ("number of stop_token_ids", len(p.stop_token_ids), settings.max_stop_token_ids, "max_stop_token_ids"),
+              ("number of token_ids_logprob", len(p.token_ids_logprob or ()), settings.max_token_ids_logprob,
+               "max_token_ids_logprob"),
               ("request id length", len(req.rid), settings.max_rid_chars, "max_rid_chars"))
     for what, n, limit, name in bounds:
         if n > limit:

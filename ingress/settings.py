@@ -31,6 +31,8 @@ class IngressSettings:
     max_stop_strings: int = _doc(16, "Most stop strings one request may give (400 above it).")
     max_stop_string_chars: int = _doc(256, "Longest stop string, characters (400 above it).")
     max_stop_token_ids: int = _doc(256, "Most stop_token_ids one request may give (400 above it).")
+    max_token_ids_logprob: int = _doc(256, "Most token ids one request may list in token_ids_logprob (400 above "
+                                      "it); each scored row reports them all (counted in max_logprob_entries).")
     max_rid_chars: int = _doc(256, "Longest request id (rid, X-Request-ID), characters (400 above it).")
     max_request_bytes: int = _doc(4 * 1024 * 1024, "Largest HTTP request body, bytes; the ingress answers 413 above "
                                   "it.")
@@ -44,10 +46,12 @@ class IngressSettings:
                                    "0: never.")
     # Accepted bearer keys; empty: no authentication (edge/auth.py). Kept out of repr: settings may be logged.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # Keys the admin routes (weight updates, cache flush) take; a plain api_key never opens them (edge/auth.py).
+    admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         for name in ("max_batch_items", "max_stop_strings", "max_stop_string_chars", "max_stop_token_ids",
-                     "max_rid_chars"):
+                     "max_token_ids_logprob", "max_rid_chars"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_request_bytes <= 0:

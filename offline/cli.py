@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     win.add_argument("--no-window", action="store_true", help="score each row in one request; a longer row "
                      "is an error")
     ap.add_argument("--top-k", type=int, default=0, help="also write the k most likely tokens of each row")
+    ap.add_argument("--input-logprob-temperature", type=float, help="score at temperature T: every value (and the "
+                    "top-k) is log_softmax(logits / T), as /generate's input_logprob_temperature (default 1)")
     run = ap.add_argument_group("execution")
     run.add_argument("--batch-size", type=int, default=64, help="rows per engine call (map_batches batch_size)")
     run.add_argument("--min-actors", type=int, help="actor pool lower bound (default: from the config)")
@@ -92,7 +94,8 @@ def make_job(args: argparse.Namespace) -> Any:
     lo, hi = actor_bounds(cfg, args.min_actors, args.max_actors)
     return BatchJob(input=args.input, output=args.output, columns=cols, engine_config=cfg.engine_config(),
                     windows=WindowSpec(not args.no_window, args.window, args.stride), top_k=args.top_k,
-                    batch_size=args.batch_size, num_cpus=cfg.worker_num_cpus, num_gpus=cfg.worker_num_gpus,
+                    temperature=args.input_logprob_temperature, batch_size=args.batch_size,
+                    num_cpus=cfg.worker_num_cpus, num_gpus=cfg.worker_num_gpus,
                     min_actors=lo, max_actors=hi, input_format=args.format)
 
 

@@ -62,10 +62,13 @@ class RowResult:
 class DatasetScorer:
     """Turns rows into engine requests and the engine's rows back into one answer per row."""
 
-    def __init__(self, engine: LLMEngine, windows: Windows | None, top_k: int = 0) -> None:
+    def __init__(self, engine: LLMEngine, windows: Windows | None, top_k: int = 0,
+                 temperature: float | None = None) -> None:
         self.engine = engine
         self.windows = windows
         self.top_k = top_k
+        # input_logprob_temperature of every request: rows are log_softmax(logits / T) (None: 1).
+        self.temperature = temperature
         # The longest request the engine takes: its context length, and what its whole KV cache holds.
         kv_tokens = engine.kv.pool.num_blocks * engine.config.block_size
         self.max_len = min(engine.max_model_len, kv_tokens)
@@ -111,7 +114,8 @@ class DatasetScorer:
             for k, piece in enumerate(plan.pieces):
                 rid = f"b{self._batches}-r{r}-p{k}"
                 self.engine.add_request(rid, piece.ids, SamplingParams(
-                    max_tokens=0, return_logprob=True, logprob_start_len=piece.start, top_logprobs_num=k_top))
+                    max_tokens=0, return_logprob=True, logprob_start_len=piece.start, top_logprobs_num=k_top,
+                    input_logprob_temperature=self.temperature))
                 added.append(rid)
                 rids[rid] = (r, k)
         except RequestError:

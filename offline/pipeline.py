@@ -15,6 +15,7 @@ from ray.data import ActorPoolStrategy, Dataset
 
 from offline.columns import Columns, append_results, read_rows
 from offline.plan import Windows
+from rulebook import rules
 
 READERS = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -43,6 +44,8 @@ class BatchJob:
     engine_config: dict[str, Any]  # kwargs of engine.config.EngineConfig (deploy.config.AppConfig.engine_config)
     windows: WindowSpec = field(default_factory=WindowSpec)
     top_k: int = 0
+    # input_logprob_temperature of every row: log_softmax(logits / T); None = 1.
+    temperature: float | None = None
     batch_size: int = 64  # rows per map_batches call: all their requests go to the engine together
     num_cpus: float = 1.0  # per actor
     num_gpus: float = 0.0  # per actor
@@ -57,6 +60,9 @@ class BatchJob:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be non-negative, got {self.top_k}")
+        broken = rules.input_logprob_temperature(self.temperature)
+        if broken:
+            raise ValueError(broken.message)
         if self.windows.size is not None and self.windows.stride is not None:
             Windows(self.windows.size, self.windows.stride)  # raises a clear ValueError early
 
@@ -64,14 +70,15 @@ class BatchJob:
 class ScoreActor:
     """The map_batches callable: one engine per actor, built once; a batch is a pyarrow Table."""
 
-    def __init__(self, engine_config: dict[str, Any], columns: Columns, windows: WindowSpec, top_k: int) -> None:
+    def __init__(self, engine_config: dict[str, Any], columns: Columns, windows: WindowSpec, top_k: int,
+                 temperature: float | None = None) -> None:
         from engine.config import EngineConfig
         from engine.llm_engine import LLMEngine
         from offline.dataset_scorer import DatasetScorer
 
         # Ray sets OMP_NUM_THREADS=1 in actors with < 2 CPUs: the config's num_threads sets torch's count.
         engine = LLMEngine(EngineConfig(**engine_config))
-        scorer = DatasetScorer(engine, None, top_k)
+        scorer = DatasetScorer(engine, None, top_k, temperature)
         scorer.windows = windows.resolve(scorer.max_len)
         self.scorer = scorer
         self.columns = columns
@@ -130,7 +137,7 @@ def build(job: BatchJob) -> Dataset:
     return ds.map_batches(
         ScoreActor,
         fn_constructor_kwargs=dict(engine_config=job.engine_config, columns=job.columns, windows=job.windows,
-                                   top_k=job.top_k),
+                                   top_k=job.top_k, temperature=job.temperature),
         batch_size=job.batch_size, batch_format="pyarrow",
         compute=ActorPoolStrategy(min_size=job.min_actors, max_size=job.max_actors),
         num_cpus=job.num_cpus, num_gpus=job.num_gpus)

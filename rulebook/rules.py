@@ -50,6 +50,8 @@ class Sampling(Protocol):
     min_p: float
     seed: int | None
     top_logprobs_num: int
+    input_logprob_temperature: float | None
+    token_ids_logprob: list[int] | None
     stop: list[str]
     stop_token_ids: list[int]
 
@@ -116,6 +118,25 @@ def negative_top_logprobs(k: int) -> Violation | None:
     return Violation(NEGATIVE_TOP_LOGPROBS.format(k=k)) if k < 0 else None
 
 
+SCORING_TEMPERATURE = "The input_logprob_temperature {value} must be positive and finite."
+NEEDS_INPUT_SCORING = ("The {name} applies to input-token scoring rows only: it requires logprob_start_len >= 0 "
+                       "(and max_tokens=0).")
+
+
+def input_logprob_temperature(temp: float | None) -> Violation | None:
+    """log_softmax(logits / T) needs 0 < T < inf (NaN fails the comparison too); None = not asked (1.0)."""
+    ok = temp is None or 0 < temp < float("inf")
+    return None if ok else Violation(SCORING_TEMPERATURE.format(value=temp), param="input_logprob_temperature")
+
+
+def needs_input_scoring(temp: float | None, token_ids: Sequence[int] | None) -> Violation | None:
+    """The scoring fields on a request that scores no input: they would be silently ignored."""
+    for name, value in (("input_logprob_temperature", temp), ("token_ids_logprob", token_ids)):
+        if value is not None:
+            return Violation(NEEDS_INPUT_SCORING.format(name=name), param=name)
+    return None
+
+
 @dataclass(frozen=True)
 class SamplingRule:
     """`ok(value, vocab_size)` must hold for the field (for each entry of a list field, with `each`);
@@ -139,6 +160,11 @@ SAMPLING_RULES: tuple[SamplingRule, ...] = (
                  "The seed {value} must be in [0, " + str(MAX_SEED) + "]."),
     SamplingRule("top_logprobs_num", lambda x, v: x <= v,
                  "The top_logprobs_num {value} exceeds the vocabulary size {vocab}."),
+    # Scoring rows are log_softmax(logits / T): T = 0 or inf has no distribution (NaN rows), so the rule is
+    # positive and finite; None = not asked (1.0).
+    SamplingRule("input_logprob_temperature", lambda x, v: input_logprob_temperature(x) is None, SCORING_TEMPERATURE),
+    SamplingRule("token_ids_logprob", lambda x, v: 0 <= x < v,
+                 "The token_ids_logprob entry {value} is out of range for the vocabulary size {vocab}.", each=True),
     # An empty stop string would match at every position and end generation at once.
     SamplingRule("stop", lambda x, v: x != "", "The stop strings must not be empty.", each=True),
     SamplingRule("stop_token_ids", lambda x, v: 0 <= x < v,
@@ -150,7 +176,7 @@ def sampling_violation(params: Sampling, vocab_size: int) -> Violation | None:
     """The first sampling rule `params` breaks (`param` = the field)."""
     for rule in SAMPLING_RULES:
         value = getattr(params, rule.field)
-        for item in value if rule.each else (value,):
+        for item in (value or ()) if rule.each else (value,):
             if not rule.ok(item, vocab_size):
                 return Violation(rule.text.format(value=item, vocab=vocab_size), param=rule.field)
     return None

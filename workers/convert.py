@@ -6,6 +6,7 @@ Requests need no conversion: a GenerateRequest carries the engine's own Sampling
 from __future__ import annotations
 
 from engine.outputs import RequestOutput, TokenLogprob
+from engine.sampling_params import SamplingParams
 from workers.protocol import GenerateChunk
 
 
@@ -17,11 +18,17 @@ def _tops(rows: list[list[TokenLogprob]] | None) -> list[list[list]] | None:
     return None if rows is None else [[[v, t] for v, t in row] for row in rows]
 
 
-def to_chunk(out: RequestOutput) -> GenerateChunk:
+def to_chunk(out: RequestOutput, params: SamplingParams | None = None, weight_version: str | None = None
+             ) -> GenerateChunk:
+    """params: the request's, for what its answer echoes (input_logprob_temperature); weight_version: the weights
+    it runs on (read when each delta is built: the engine changes weights only between requests)."""
     return GenerateChunk(
         rid=out.request_id, text=out.new_text, output_ids=list(out.new_token_ids), finished=out.finished,
         finish_reason=out.finish_reason, prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
         cached_tokens=out.cached_tokens,
         input_token_logprobs=_rows(out.input_token_logprobs), input_top_logprobs=_tops(out.input_top_logprobs),
         output_token_logprobs=_rows(out.output_token_logprobs),
-        output_top_logprobs=_tops(out.output_top_logprobs))
+        output_top_logprobs=_tops(out.output_top_logprobs),
+        input_token_ids_logprobs=_tops(out.input_token_ids_logprobs),
+        input_logprob_temperature=params.input_logprob_temperature if params is not None else None,
+        weight_version=weight_version)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.outputs import CONCAT, FinishReason, FinishType, merge_outputs
+from engine.outputs import CONCAT, DEFAULT_WEIGHT_VERSION, FinishReason, FinishType, merge_outputs
 from engine.sampling_params import SamplingParams
 
 # The carrier's name for the engine's finish: type, matched stop, message, and with type "error" a code
@@ -22,8 +22,9 @@ from engine.sampling_params import SamplingParams
 FinishInfo = FinishReason
 
 __all__ = [
-    "ChatPrompt", "FinishInfo", "FinishType", "GenerateChunk", "GenerateRequest", "ModelInfo", "SamplingParams",
-    "TokenizerInfo", "WorkerStats", "error_chunk", "merge_outputs",
+    "DEFAULT_WEIGHT_VERSION", "ChatPrompt", "FinishInfo", "FinishType", "GenerateChunk", "GenerateRequest",
+    "ModelInfo", "SamplingParams", "TokenizerInfo", "WEIGHTS_NAMESPACE", "WeightUpdate", "WeightUpdateResult",
+    "WorkerStats", "error_chunk", "merge_outputs",
 ]
 
 
@@ -105,6 +106,37 @@ class GenerateChunk:
     input_top_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
     output_token_logprobs: list[list] | None = field(default=None, metadata=CONCAT)
     output_top_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
+    # Per scored input position, [[value, token_id], ...] of the request's token_ids_logprob | None.
+    input_token_ids_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
+    # The request's input_logprob_temperature, echoed; None when it did not set one.
+    input_logprob_temperature: float | None = None
+    # The weights the request ran on (every chunk of a request carries the same: weights change between requests).
+    weight_version: str | None = None
+
+
+# The Ray namespace of the per-deploy weight registries (workers/weights.py); the ingress finds its own by name.
+WEIGHTS_NAMESPACE = "rayscore"
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """POST /update_weights_from_disk (SGLang's fields): every worker replica loads `model_path`, a checkpoint
+    folder each of them can read; None weight_version keeps the current name."""
+
+    model_path: str
+    weight_version: str | None = None
+    abort_all_requests: bool = False
+
+
+@dataclass(frozen=True)
+class WeightUpdateResult:
+    """SGLang's answer: success, a message, and how many requests were in the workers when the update began
+    (they finished on the old weights, or were aborted). version: the weights served now."""
+
+    success: bool
+    message: str
+    num_paused_requests: int = 0
+    weight_version: str | None = None
 
 
 @dataclass
@@ -131,6 +163,8 @@ class WorkerStats:
     rss_bytes: int = 0
     peak_rss_bytes: int = 0
     stalled_s: float = 0.0
+    # The weights this replica serves (POST /update_weights_from_disk).
+    weight_version: str = DEFAULT_WEIGHT_VERSION
 
 
 def error_chunk(rid: str, message: str, code: int | None = None, after: GenerateChunk | None = None) -> GenerateChunk:
@@ -151,4 +185,7 @@ def error_chunk(rid: str, message: str, code: int | None = None, after: Generate
         cached_tokens=after.cached_tokens if after else 0,
         input_token_logprobs=empty_like("input_token_logprobs"), input_top_logprobs=empty_like("input_top_logprobs"),
         output_token_logprobs=empty_like("output_token_logprobs"),
-        output_top_logprobs=empty_like("output_top_logprobs"))
+        output_top_logprobs=empty_like("output_top_logprobs"),
+        input_token_ids_logprobs=empty_like("input_token_ids_logprobs"),
+        input_logprob_temperature=after.input_logprob_temperature if after else None,
+        weight_version=after.weight_version if after else None)

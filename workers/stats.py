@@ -33,4 +33,5 @@ def worker_stats(engine: AsyncEngine) -> WorkerStats:
                        prefix_cache_evictions=s.prefix_cache_evictions, device=str(engine.engine.device),
                        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                        queued=s.queued, queued_tokens=s.queued_tokens, refused=s.refused,
-                       rss_bytes=rss, peak_rss_bytes=peak, stalled_s=engine.stalled_for())
+                       rss_bytes=rss, peak_rss_bytes=peak, stalled_s=engine.stalled_for(),
+                       weight_version=engine.engine.weight_version)

@@ -30,6 +30,7 @@ from workers.protocol import (
 )
 from workers.replica import replica_label
 from workers.stats import worker_stats
+from workers.weight_sync import WeightSync, registry_actor
 
 log = logging.getLogger("ray.serve")
 
@@ -40,7 +41,8 @@ class EngineWorker:
     `token_texts`, `apply_chat_template`, `tokenizer_info` (for the OpenAI-compatible routes); Serve calls
     `check_health`."""
 
-    def __init__(self, engine_config: dict[str, Any], model_name: str | None = None) -> None:
+    def __init__(self, engine_config: dict[str, Any], model_name: str | None = None,
+                 weights_registry: str | None = None) -> None:
         cfg = EngineConfig(**engine_config)
         # Ray sets OMP_NUM_THREADS=1 in actors with < 2 CPUs: take the thread count from the config.
         # Carriers are built in the engine thread (generate's `convert`): a large delta never holds this replica's
@@ -55,6 +57,9 @@ class EngineWorker:
         self.tokenizer = eng.tokenizer
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())
         self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
+        # Weight updates (weight_sync.py): the recorded weights are loaded before this replica serves.
+        if weights_registry is not None:
+            WeightSync(self.engine, registry_actor(weights_registry), replica_label()).start()
         log.info("rayscore worker ready: model=%s device=%s dtype=%s kv_blocks=%d pid=%d CUDA_VISIBLE_DEVICES=%s",
                  cfg.model, eng.device, cfg.dtype, eng.kv.pool.num_blocks, os.getpid(),
                  os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -73,10 +78,11 @@ class EngineWorker:
         # aclosing: when Serve cancels this call (client gone), the engine stream is closed at once, which
         # aborts the request and frees its KV blocks.
         params = req.params
+        eng = self.engine.engine
 
         def convert(out: RequestOutput) -> GenerateChunk:  # in the engine thread, off this event loop
             self.metrics.on_output(params, out)
-            return to_chunk(out)
+            return to_chunk(out, params, eng.weight_version)
 
         async with contextlib.aclosing(self.engine.generate(req.rid, ids, params, convert, req.group,
                                                                      req.shared_tokens)) as stream:

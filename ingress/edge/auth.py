@@ -17,13 +17,21 @@ from ingress.errors import Unauthorized
 from ingress.settings import IngressSettings
 
 ENV_VAR = "RAYSCORE_API_KEYS"
+ADMIN_ENV_VAR = "RAYSCORE_ADMIN_API_KEYS"
 MISSING = "This server requires an API key: send `Authorization: Bearer <key>`."
 INVALID = "The API key is not valid for this server."
 
 
-def resolve_keys(config_keys: Iterable[str] | None, environ: Mapping[str, str]) -> tuple[str, ...]:
+# Routes that change what every worker serves (ingress/weights.py).
+ADMIN_PATHS = frozenset({"/update_weights_from_disk", "/flush_cache"})
+ADMIN_ONLY = ("This route changes the served weights or caches: it needs an admin key (config field "
+              "`admin_api_keys` or $RAYSCORE_ADMIN_API_KEYS); an API key does not open it.")
+
+
+def resolve_keys(config_keys: Iterable[str] | None, environ: Mapping[str, str], var: str = ENV_VAR
+                 ) -> tuple[str, ...]:
     """The config's keys and the environment's, without blanks or duplicates, in order."""
-    from_env = environ.get(ENV_VAR, "").split(",")
+    from_env = environ.get(var, "").split(",")
     keys = [k.strip() for k in [*(config_keys or ()), *from_env]]
     return tuple(dict.fromkeys(k for k in keys if k))
 
@@ -45,6 +53,19 @@ def check_authorization(header: str | None, keys: tuple[str, ...]) -> None:
         matched |= hmac.compare_digest(given, key.encode())
     if not matched:
         raise Unauthorized(INVALID)
+
+
+def check_admin(header: str | None, settings: IngressSettings) -> None:
+    """The admin routes: open only when no key of any kind is set (a loopback or explicitly unauthenticated
+    server); otherwise only an admin key opens them, never a plain API key (401 either way, naming the field)."""
+    if not settings.api_keys and not settings.admin_api_keys:
+        return
+    if not settings.admin_api_keys:
+        raise Unauthorized(ADMIN_ONLY)
+    try:
+        check_authorization(header, settings.admin_api_keys)
+    except Unauthorized as exc:
+        raise Unauthorized(ADMIN_ONLY) from exc
 
 
 def is_loopback(host: str) -> bool:
@@ -76,5 +97,6 @@ def with_keys(settings: IngressSettings, environ: Mapping[str, str], host: str |
     """`settings` with the environment's keys added, once the exposure rule allows serving at all (raises
     RuntimeError otherwise). Run where the ingress runs: the keys of its environment stay in its process."""
     keys = resolve_keys(settings.api_keys, environ)
+    admin = resolve_keys(settings.admin_api_keys, environ, ADMIN_ENV_VAR)
     check_exposure(host, keys, allow_unauthenticated)
-    return dataclasses.replace(settings, api_keys=keys)
+    return dataclasses.replace(settings, api_keys=keys, admin_api_keys=admin)

@@ -20,7 +20,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ingress.edge.auth import check_authorization
+from ingress.edge.auth import ADMIN_PATHS, check_admin, check_authorization
 from ingress.errors import BodyTimeout, IngressError, InvalidRequest, JSONAnswer, PayloadTooLarge
 from ingress.settings import IngressSettings
 
@@ -52,7 +52,9 @@ class GuardMiddleware:
             return
         path = route_path(scope)
         try:
-            if path not in OPEN_PATHS:
+            if path in ADMIN_PATHS:
+                check_admin(_header(scope, b"authorization"), self.settings)
+            elif path not in OPEN_PATHS:
                 check_authorization(_header(scope, b"authorization"), self.settings.api_keys)
             if scope["method"] in NO_BODY_METHODS:
                 _refuse_body(scope, path)

@@ -26,7 +26,7 @@ def finish_json(finish: FinishInfo) -> dict[str, Any]:
 
 def chunk_json(chunk: GenerateChunk) -> dict[str, Any]:
     """The contract's answer for one chunk (streamed event) or one merged chunk (whole answer)."""
-    return {
+    answer = {
         "text": chunk.text,
         "output_ids": chunk.output_ids,
         "meta_info": {
@@ -39,8 +39,16 @@ def chunk_json(chunk: GenerateChunk) -> dict[str, Any]:
             "input_top_logprobs": chunk.input_top_logprobs,
             "output_token_logprobs": chunk.output_token_logprobs,
             "output_top_logprobs": chunk.output_top_logprobs,
+            "weight_version": chunk.weight_version,
         },
     }
+    # The RL fields appear only when the request asked for them, so the contract's answer is unchanged otherwise.
+    meta = answer["meta_info"]
+    if chunk.input_token_ids_logprobs is not None:
+        meta["input_token_ids_logprobs"] = chunk.input_token_ids_logprobs
+    if chunk.input_logprob_temperature is not None:
+        meta["input_logprob_temperature"] = chunk.input_logprob_temperature
+    return answer
 
 
 def sse_event(chunk: GenerateChunk) -> str:

@@ -40,6 +40,15 @@ class GenerateBody(BaseModel):
     top_logprobs_num: int | None = Field(
         None, description="Also return the k most likely tokens per position."
     )
+    input_logprob_temperature: float | None = Field(
+        None, description="Scoring rows (and their top-k and token-id values) are log_softmax(logits / T) at this "
+        "temperature: positive, finite; default 1. Input-token scoring only (logprob_start_len >= 0); sampling "
+        "keeps `temperature`. Echoed as meta_info.input_logprob_temperature."
+    )
+    token_ids_logprob: list[int] | None = Field(
+        None, description="Token ids whose values are reported at every scored input position "
+        "(meta_info.input_token_ids_logprobs, in the order given); at most max_token_ids_logprob of them."
+    )
     temperature: float = Field(1.0, description="0 is greedy.")
     top_p: float = Field(1.0, description="Nucleus mass, in (0, 1].")
     top_k: int = Field(-1, description="-1 disables top-k.")
@@ -77,6 +86,11 @@ class MetaInfo(BaseModel):
     input_top_logprobs: list[list[LogprobRow]] | None
     output_token_logprobs: list[LogprobRow] | None
     output_top_logprobs: list[list[LogprobRow]] | None
+    input_token_ids_logprobs: list[list[LogprobRow]] | None = Field(
+        None, description="Only with token_ids_logprob: per scored row, [value, token_id] of each id asked.")
+    input_logprob_temperature: float | None = Field(None, description="Only when the request set it.")
+    weight_version: str | None = Field(description="The weights that computed the answer (all of it: weights "
+                                       "change between requests only); see POST /update_weights_from_disk.")
 
 
 class GenerateResponse(BaseModel):

@@ -97,6 +97,7 @@ def _check_scoring(body: GenerateBody, info: ModelInfo) -> None:
     n = body.logprob_start_len
     if n < 0:
         enforce(rules.nothing_to_compute(body.max_tokens, scores_input=False))
+        enforce(rules.needs_input_scoring(body.input_logprob_temperature, body.token_ids_logprob))
         return
     if body.return_logprob is not True:
         raise InvalidRequest("logprob_start_len requires return_logprob=True.")
@@ -117,7 +118,8 @@ def sampling_params(body: GenerateBody) -> SamplingParams:
         stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
         skip_special_tokens=body.skip_special_tokens, include_stop_str_in_output=body.include_stop_str_in_output,
         return_logprob=bool(body.return_logprob), logprob_start_len=body.logprob_start_len,
-        top_logprobs_num=body.top_logprobs_num or 0)
+        top_logprobs_num=body.top_logprobs_num or 0, input_logprob_temperature=body.input_logprob_temperature,
+        token_ids_logprob=list(body.token_ids_logprob) if body.token_ids_logprob is not None else None)
 
 
 def to_request(body: GenerateBody) -> GenerateRequest:

@@ -11,6 +11,7 @@ import torch
 from ray import serve
 
 from tests.helpers.reference import hf_scores
+from tests.helpers.rl import check_teacher, teacher
 from tests.helpers.serve import app_args, deploy, ids_of, score_body, sse_events, worker_stats
 
 APP = "e2e"
@@ -46,6 +47,14 @@ def test_scoring_equals_transformers(url: str, smollm2_path, stream: bool) -> No
         assert meta["finish_reason"] == {"type": "length"} and meta["prompt_tokens"] == len(ids)
         assert meta["output_token_logprobs"] is None and meta["output_top_logprobs"] is None
         assert meta["input_top_logprobs"] is None
+
+
+def test_teacher_rows_at_a_temperature(url: str, smollm2_path) -> None:
+    """RL / distillation: T = 0.7, top-20 and token ids equal transformers' log_softmax(logits / 0.7), cold and warm."""
+    ids = ids_of(60, 9)
+    for _ in range(2):
+        check_teacher(httpx.post(url + "/generate", json=teacher(ids), timeout=120).json()["meta_info"],
+                      smollm2_path, ids, "default")
 
 
 def test_top_k_rows(url: str, smollm2_path) -> None:

@@ -22,7 +22,7 @@ from engine.loader import load_model
 from engine.logprobs import row_scores, score_rows
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
-from engine.scorer import RowScorer
+from engine.scorer import RowRequest, RowScorer
 from tests.helpers.invariant import chunked, merge, run_attention, run_model
 from tests.helpers.reference import hf_scores
 
@@ -202,9 +202,9 @@ def test_control_default_attention_is_not_invariant() -> None:
 
 # --- whole model, scoring, sampling -----------------------------------------------------------------------
 def _scores(model: torch.nn.Module, hidden: torch.Tensor, ids: list[int], invariant: bool) -> torch.Tensor:
-    values, _, _ = score_rows(hidden[:-1], model.compute_logits, torch.tensor(ids[1:]),
-                              [0] * (len(ids) - 1), "raw_logprobs", 256, invariant)
-    return torch.tensor([v for v, _ in values])
+    rows = score_rows(hidden[:-1], model.compute_logits, torch.tensor(ids[1:]),
+                      [0] * (len(ids) - 1), "raw_logprobs", 256, invariant)
+    return torch.tensor([v for v, _ in rows.values])
 
 
 @torch.inference_mode()
@@ -263,6 +263,11 @@ def test_smollm2_scores_invariant_exact_and_control(smollm2_path) -> None:  # no
     assert not all(torch.equal(default[k], default["alone"]) for k in ("chunked", "amid others"))
 
 
+def _rows(targets: torch.Tensor, slots: torch.Tensor, cached: bool) -> RowRequest:
+    n = len(targets)
+    return RowRequest(targets, [0] * n, slots, torch.full((n,), cached), [1.0] * n, [None] * n)
+
+
 def test_scorer_bypasses_the_shortcut(tiny_models) -> None:  # noqa: ANN001
     """A cached row (hidden state from the store, log-sum-exp known) gets the fresh row's bits in invariant
     mode; the default scorer's shortcut (h . W[t] - lse) rounds otherwise (the control)."""
@@ -276,11 +281,11 @@ def test_scorer_bypasses_the_shortcut(tiny_models) -> None:  # noqa: ANN001
         scorer = RowScorer(model, "raw_logprobs", 256, 64, torch.device("cpu"),
                            lse_store=True, batch_invariant=invariant)
         with torch.inference_mode():
-            fresh, _ = scorer.score(hidden, targets, [0] * 40, slots, torch.zeros(40, dtype=torch.bool))
+            fresh = scorer.score(hidden, _rows(targets, slots, False)).values
             # Again as cached rows, a few at a time: the default scorer now takes its shortcut.
-            cached = [v for lo in range(0, 40, 3) for v in scorer.score(
-                hidden[lo:lo + 3], targets[lo:lo + 3], [0] * len(targets[lo:lo + 3]), slots[lo:lo + 3],
-                torch.ones(len(targets[lo:lo + 3]), dtype=torch.bool))[0]]
+            cached = [v for lo in range(0, 40, 3)
+                      for v in scorer.score(hidden[lo:lo + 3],
+                                            _rows(targets[lo:lo + 3], slots[lo:lo + 3], True)).values]
         differs[invariant] = cached != fresh
     assert differs == {True: False, False: True}
 

@@ -10,11 +10,20 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator, Callable, Iterable
+from pathlib import Path
 
 import httpx
 
 from ingress.app import build_fastapi_app
-from workers.protocol import FinishInfo, GenerateChunk, GenerateRequest, ModelInfo
+from workers.protocol import (
+    DEFAULT_WEIGHT_VERSION,
+    FinishInfo,
+    GenerateChunk,
+    GenerateRequest,
+    ModelInfo,
+    WeightUpdate,
+    WeightUpdateResult,
+)
 
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=512, logprobs_mode="raw_logprobs")
 HANG = object()  # in a script: wait forever (a long prefill, a stuck worker)
@@ -65,6 +74,8 @@ class FakeBackend:
         self.requests: list[GenerateRequest] = []
         self.aborted: list[str] = []  # rids whose stream was closed or cancelled before its final chunk
         self.started = asyncio.Event()  # set once a stream was entered
+        self.weight_updates: list[WeightUpdate] = []
+        self.version = DEFAULT_WEIGHT_VERSION
 
     async def model_info(self) -> ModelInfo:
         if isinstance(self.info, Exception):
@@ -92,6 +103,20 @@ class FakeBackend:
 
     async def ready(self) -> bool:
         return self.is_ready
+
+    # Weights: the real broadcast is the workers' (tests/e2e/test_weight_update.py); this one records the calls.
+    async def update_weights(self, req: WeightUpdate) -> WeightUpdateResult:
+        self.weight_updates.append(req)
+        if not Path(req.model_path).is_dir():
+            return WeightUpdateResult(False, f"The model_path {req.model_path!r} is not a checkpoint folder.")
+        self.version = req.weight_version or self.version
+        return WeightUpdateResult(True, "Succeeded to update model weights on 1 replica(s).", 0, self.version)
+
+    async def flush_cache(self) -> WeightUpdateResult:
+        return WeightUpdateResult(True, "Cache flushed.", 0, self.version)
+
+    async def weight_version(self) -> str:
+        return self.version
 
 
 def client(backend: FakeBackend) -> httpx.AsyncClient:

@@ -49,6 +49,7 @@ META_KEYS = {
     "input_top_logprobs",
     "output_token_logprobs",
     "output_top_logprobs",
+    "weight_version",
 }
 
 

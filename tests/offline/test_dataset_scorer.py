@@ -58,3 +58,27 @@ def test_values_of_the_wrong_type_are_that_rows_error(engine, row: RowInput, mes
     results = DatasetScorer(engine, None).score([row, good])
     assert results[0].error is not None and message in results[0].error
     assert results[1].error is None and results[1].num_scored == 2
+
+
+def test_temperature_option_scores_logits_over_t(engine, tiny_models: dict[str, Path]) -> None:
+    """rayscore-batch --input-logprob-temperature: every value and top-k entry is log_softmax(logits / T)."""
+    import torch
+
+    from offline.cli import _parser, make_job
+    from tests.helpers.reference import hf_logits
+
+    ids = [5 + (7 * i) % 300 for i in range(30)]
+    row = RowInput("id=0", ids=ids)
+    cold = DatasetScorer(engine, None, top_k=3, temperature=0.7).score([row])[0]
+    warm = DatasetScorer(engine, None, top_k=3, temperature=0.7).score([row])[0]
+    lp = torch.log_softmax(hf_logits(tiny_models["llama"], ids) / 0.7, -1)
+    want = lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist()
+    for got in (cold, warm):
+        assert max(abs(a - b) for a, b in zip(got.token_logprobs, want, strict=True)) <= 1e-4
+        assert [t for _, t in got.top_logprobs[4]] == torch.topk(lp[4], 3).indices.tolist()
+    t1 = DatasetScorer(engine, None).score([row])[0]  # the T = 1 values after the cache was warmed at 0.7
+    assert t1.token_logprobs == pytest.approx(hf_scores(tiny_models["llama"], ids, 0), abs=1e-4)
+    args = _parser().parse_args(["in.jsonl", "out", "--input-logprob-temperature", "0.7"])
+    assert make_job(args).temperature == 0.7
+    with pytest.raises(ValueError, match="input_logprob_temperature 0.0 must be positive and finite"):
+        make_job(_parser().parse_args(["in.jsonl", "out", "--input-logprob-temperature", "0"]))

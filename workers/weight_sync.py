@@ -1,0 +1,86 @@
+"""A worker replica's side of the weight registry (weights.py): before the replica serves, it loads the weights
+the registry records (a replica started after an update serves the new weights from its first request); then a
+thread of its own follows every operation the registry publishes and answers it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from engine.async_engine import AsyncEngine
+from engine.weight_update import StagedWeights, WeightUpdateError, apply_weights, stage_weights
+from workers.protocol import WEIGHTS_NAMESPACE
+from workers.weights import WeightAck, WeightOp, WeightRegistry
+
+log = logging.getLogger("ray.serve")
+
+
+def registry_actor(name: str) -> Any:
+    """The deployment's registry, created by whichever replica comes first. Detached: it outlives any one replica
+    (all of them crashing included); the name is per deploy (deploy/app.py)."""
+    import ray
+
+    actor = ray.remote(num_cpus=0)(WeightRegistry)
+    return actor.options(name=name, namespace=WEIGHTS_NAMESPACE, lifetime="detached", get_if_exists=True).remote()
+
+
+class WeightSync:
+    def __init__(self, engine: AsyncEngine, registry: Any, replica: str) -> None:
+        self.engine, self.registry, self.replica = engine, registry, replica
+        self._seen = 0
+        self._staged: StagedWeights | None = None
+        self._thread = threading.Thread(target=self._loop, name="rayscore-weights", daemon=True)
+
+    def start(self) -> None:
+        """Load the recorded weights (raising, which fails this replica's start, when they cannot be loaded), then
+        follow the registry."""
+        import ray
+
+        record = ray.get(self.registry.current.remote())
+        if record.path is not None:
+            staged = stage_weights(self.engine.engine, record.path)
+            self.engine.run_exclusive(lambda eng: apply_weights(eng, staged, record.version)).result()
+            log.info("rayscore worker starts on weights %s (%s)", record.version, record.path)
+        self._seen = record.seq
+        self._thread.start()
+
+    def _loop(self) -> None:
+        import ray
+
+        while self.engine.is_alive:
+            try:
+                op = ray.get(self.registry.watch.remote(self.replica, self._seen))
+            except Exception as exc:  # the registry restarting or unreachable for a moment: try again
+                log.warning("weight registry unreachable: %s", exc)
+                time.sleep(1.0)
+                continue
+            if op is None:
+                continue
+            self._seen = op.seq
+            self.registry.ack.remote(self.handle(op))
+
+    def handle(self, op: WeightOp) -> WeightAck:
+        try:
+            paused = 0
+            if op.kind == "prepare":
+                assert op.path is not None
+                self._staged = stage_weights(self.engine.engine, op.path)
+            elif op.kind == "discard":
+                self._staged = None
+            elif op.kind == "commit":
+                assert op.path is not None and op.version is not None
+                staged = self._staged if self._staged is not None else stage_weights(self.engine.engine, op.path)
+                self._staged = None
+                version = op.version
+                _, paused = self.engine.run_exclusive(lambda eng: apply_weights(eng, staged, version),
+                                                      op.abort_all).result()
+            elif op.kind == "flush":
+                self.engine.run_between_steps(lambda eng: eng.flush_cache()).result()
+            return WeightAck(self.replica, op.seq, True, paused=paused)
+        except WeightUpdateError as exc:
+            return WeightAck(self.replica, op.seq, False, str(exc))
+        except Exception as exc:  # reported to the caller of the update, and this replica keeps serving
+            log.exception("weight operation %s failed", op.kind)
+            return WeightAck(self.replica, op.seq, False, f"{type(exc).__name__}: {exc}")
