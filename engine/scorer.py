@@ -13,12 +13,16 @@ import torch
 from engine.logprobs import score_rows
 from engine.models import CausalLM
 from engine.outputs import TokenLogprob
+from engine.parallel.driver import TensorParallel
 
 
 class RowScorer:
     def __init__(self, model: CausalLM, mode: str, rows_per_block: int, num_slots: int, device: torch.device,
-                 lse_store: bool, batch_invariant: bool = False) -> None:
+                 lse_store: bool, batch_invariant: bool = False, parallel: TensorParallel | None = None) -> None:
+        """parallel: the model is split over ranks; its vocab-parallel head scores the rows (same results)."""
         self.model, self.mode, self.rows_per_block = model, mode, rows_per_block
+        self.head = parallel or model
+        self.score_rows = parallel.score_rows if parallel is not None else score_rows
         self.invariant = batch_invariant
         # NaN = unknown. Only raw_logprobs needs it: raw_logits rows are a dot product already.
         self.lse = (torch.full((num_slots,), float("nan"), dtype=torch.float32, device=device)
@@ -61,7 +65,7 @@ class RowScorer:
         if not len(rows):
             return
         sel = rows.tolist()
-        v, t, lse = score_rows(hidden[rows], self.model.compute_logits, targets[rows], [ks[i] for i in sel],
+        v, t, lse = self.score_rows(hidden[rows], self.model.compute_logits, targets[rows], [ks[i] for i in sel],
                                self.mode, self.rows_per_block, self.invariant)
         for j, i in enumerate(sel):
             values[i], tops[i] = v[j], t[j]
@@ -73,7 +77,7 @@ class RowScorer:
         rows = mask.nonzero()[:, 0]
         if not len(rows):
             return
-        picked = self.model.target_logits(hidden[rows], targets[rows])  # [F]
+        picked = self.head.target_logits(hidden[rows], targets[rows])  # [F]
         if self.lse is not None:
             picked = picked - self.lse[slots[rows]]
         for i, val, tok in zip(rows.tolist(), picked.tolist(), targets[rows].tolist(), strict=True):

@@ -1,0 +1,90 @@
+"""Tensor parallelism at engine level, without Ray: ranks spawned on one gloo group (tests/helpers/tp.py). Every
+row equals transformers' float32 forward and the same engine on one device within 1e-4: chunked prefill, mixed
+batches of scoring (with top-k) and greedy generation, prefix-cache hits (the hidden-state store and the log-sum-exp
+shortcut on rank 0), KV heads split (2 ranks) and replicated (4 ranks, fewer KV heads than ranks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.loader import load_model
+from engine.parallel.shard import refusals, vocab_range
+from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
+from tests.helpers.reference import hf_logits, hf_model
+from tests.helpers.tp import run_split
+
+ATOL = 1e-4
+CFG = dict(max_num_batched_tokens=16, num_kv_blocks=128, block_size=4, score_rows_per_block=8,
+           enable_prefix_cache=True)
+
+
+def _check_scoring(path: Path, ids: list[int], start: int, k: int, out, alone) -> None:
+    lp = torch.log_softmax(hf_logits(path, ids), dim=-1)
+    rows = out.input_token_logprobs
+    assert [t for _, t in rows] == ids[start + 1:]
+    for pos, ((v, t), top, (v1, _)) in enumerate(zip(rows, out.input_top_logprobs or [None] * len(rows),
+                                                     alone.input_token_logprobs, strict=True), start=start):
+        assert abs(v - lp[pos, t].item()) <= ATOL and abs(v - v1) <= ATOL
+        if k:
+            ref_v, ref_i = torch.topk(lp[pos], k)
+            assert [i for _, i in top] == ref_i.tolist()
+            assert max(abs(a - b) for (a, _), b in zip(top, ref_v.tolist(), strict=True)) <= ATOL
+
+
+def _check_greedy(path: Path, ids: list[int], n: int, out, alone) -> None:
+    with torch.inference_mode():
+        g = hf_model(str(path)).generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                         output_logits=True, return_dict_in_generate=True, pad_token_id=1)
+    assert out.new_token_ids == g.sequences[0, len(ids):].tolist() == alone.new_token_ids
+    for (v, t), step, (v1, _) in zip(out.output_token_logprobs, g.logits, alone.output_token_logprobs, strict=True):
+        assert abs(v - torch.log_softmax(step[0].float(), -1)[t].item()) <= ATOL and abs(v - v1) <= ATOL
+
+
+@pytest.mark.parametrize(("family", "size"), [("llama", 2), ("qwen2", 4)])
+def test_split_engine_equals_transformers_and_one_device(tiny_models, family: str, size: int) -> None:
+    path = tiny_models[family]
+    cfg = dict(model=str(path), **CFG)
+    a, b, c = rand_ids(37, 1), rand_ids(9, 2), rand_ids(21, 3)
+    shared = a[:24] + rand_ids(10, 4)  # a's first 6 blocks, cached when it is sent
+    batches = [([a, b, c], [scoring(0, k=3), greedy(8, k=2), scoring(5)]),
+               ([a], [scoring(2)]),  # every row from the store, most by the log-sum-exp shortcut
+               ([shared], [scoring(1, k=2)])]
+    split = run_split(size, cfg, batches)
+    one = make_engine(path, **CFG)
+    alone = [one.generate(prompts, params) for prompts, params in batches]
+    (s_a, g_b, s_c), (warm_a,), (s_shared,) = split.outputs
+    _check_scoring(path, a, 0, 3, s_a, alone[0][0])
+    _check_greedy(path, b, 8, g_b, alone[0][1])
+    _check_scoring(path, c, 5, 0, s_c, alone[0][2])
+    _check_scoring(path, a, 2, 0, warm_a, alone[1][0])
+    assert warm_a.cached_tokens > 0 and s_shared.cached_tokens >= 24
+    _check_scoring(path, shared, 1, 2, s_shared, alone[2][0])
+    assert split.stats.prefix_cache_hit_tokens > 0 and split.stats.hidden_store_rows > 0
+    # Each forward of rank 0 ran on rank 1 too: the step's inputs were broadcast, not recomputed.
+    assert split.follower_steps > 0
+
+
+def test_vocab_ranges_cover_the_vocabulary() -> None:
+    for vocab, size in [(320, 2), (320, 3), (49152, 3), (7, 4)]:
+        ranges = [vocab_range(vocab, r, size) for r in range(size)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == vocab
+        assert all(hi == lo2 for (_, hi), (lo2, _) in zip(ranges, ranges[1:], strict=False))
+
+
+def test_unsplittable_models_are_refused_naming_the_field(tiny_models) -> None:
+    model, _ = load_model(tiny_models["llama"], "float32", torch.device("cpu"))  # 4 query, 2 KV heads
+    assert refusals(model, 2) == [] and refusals(model, 4) == []
+    broken = refusals(model, 3)
+    assert any("num_attention_heads 4 is not divisible by tensor_parallel_size 3" in b for b in broken)
+    assert any("num_key_value_heads 2" in b for b in broken)
+
+
+def test_batch_invariant_with_several_ranks_is_refused() -> None:
+    with pytest.raises(ValueError, match="batch_invariant is not available with tensor_parallel_size > 1"):
+        EngineConfig(batch_invariant=True, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be positive"):
+        EngineConfig(tensor_parallel_size=0)
