@@ -16,10 +16,10 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.loader import eos_token_ids, load_model, load_tokenizer, resolve_device
 from engine.model_runner import ChunkResult, ModelRunner
 from engine.output_state import OutputState
+from engine.outputs import FinishReason, RequestOutput, merge_outputs
 from engine.parallel.driver import TensorParallel
 from engine.parallel.group import TPGroup
 from engine.parallel.loading import load_sharded
-from engine.outputs import FinishReason, RequestOutput, merge_outputs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import Sequence
