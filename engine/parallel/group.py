@@ -1,6 +1,10 @@
 """The process group a tensor-parallel worker's ranks share: torch.distributed with NCCL on CUDA and gloo on CPU,
 plus a gloo group for the step messages (pickled objects travel on CPU, whatever the device: SGLang's rule).
 
+Two timeouts: the collectives of a step wait at most `timeout_s` for the slowest rank (a layer's work apart); the
+message group waits without a practical limit, since the other ranks wait there for rank 0's next step however
+long the worker stays idle. A rank that dies breaks the ranks' TCP connections, which raises at once either way.
+
 Collectives go through this class so that tests and the bench can count the bytes each one moved."""
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# How long the other ranks wait for rank 0's next message: an idle worker is not a failure.
+IDLE_TIMEOUT = timedelta(days=365)
 
 
 @dataclass
@@ -52,7 +59,7 @@ class TPGroup:
         dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=size,
                                 timeout=timedelta(seconds=timeout_s))
         self.group: Any = dist.group.WORLD
-        self.cpu_group: Any = dist.new_group(backend="gloo") if backend == "nccl" else self.group
+        self.cpu_group: Any = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
         self.traffic = Traffic()
 
     @property
