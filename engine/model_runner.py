@@ -91,6 +91,7 @@ class ModelRunner:
         shard); it announces each forward and runs the vocab-parallel LM head."""
         self.model = model
         self.parallel = parallel
+        self.forwards = 0  # transformer forwards run (steps not served wholly from the cache)
         self.config = config
         self.device = device
         self.block_size = config.block_size
@@ -206,6 +207,7 @@ class ModelRunner:
             assert plan.positions is not None
             if self.parallel is not None:
                 self.parallel.announce_forward(plan.input_ids, plan.positions, plan.meta)
+            self.forwards += 1
             hidden = self.model(plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.backend)  # [T, H]
             if self.hidden_store is not None:
                 self.hidden_store.index_copy_(0, plan.meta.slot_mapping, hidden)

@@ -13,6 +13,7 @@ import torch
 from engine.config import EngineConfig
 from engine.loader import load_model
 from engine.parallel.shard import refusals, vocab_range
+from engine.sampling_params import SamplingParams
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
 from tests.helpers.reference import hf_logits, hf_model
 from tests.helpers.tp import run_split
@@ -50,13 +51,18 @@ def test_split_engine_equals_transformers_and_one_device(tiny_models, family: st
     cfg = dict(model=str(path), **CFG)
     a, b, c = rand_ids(37, 1), rand_ids(9, 2), rand_ids(21, 3)
     shared = a[:24] + rand_ids(10, 4)  # a's first 6 blocks, cached when it is sent
-    batches = [([a, b, c], [scoring(0, k=3), greedy(8, k=2), scoring(5)]),
+    sampled = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.9, seed=7, return_logprob=True)
+    batches = [([a, b, c, b], [scoring(0, k=3), greedy(8, k=2), scoring(5), sampled]),
                ([a], [scoring(2)]),  # every row from the store, most by the log-sum-exp shortcut
                ([shared], [scoring(1, k=2)])]
     split = run_split(size, cfg, batches)
     one = make_engine(path, **CFG)
     alone = [one.generate(prompts, params) for prompts, params in batches]
-    (s_a, g_b, s_c), (warm_a,), (s_shared,) = split.outputs
+    (s_a, g_b, s_c, s_b), (warm_a,), (s_shared,) = split.outputs
+    # Sampling draws from rank 0's generator over the gathered logits: the same tokens as on one device.
+    assert s_b.new_token_ids == alone[0][3].new_token_ids
+    assert [v for v, _ in s_b.output_token_logprobs] == pytest.approx(
+        [v for v, _ in alone[0][3].output_token_logprobs], abs=ATOL)
     _check_scoring(path, a, 0, 3, s_a, alone[0][0])
     _check_greedy(path, b, 8, g_b, alone[0][1])
     _check_scoring(path, c, 5, 0, s_c, alone[0][2])
@@ -64,8 +70,8 @@ def test_split_engine_equals_transformers_and_one_device(tiny_models, family: st
     assert warm_a.cached_tokens > 0 and s_shared.cached_tokens >= 24
     _check_scoring(path, shared, 1, 2, s_shared, alone[2][0])
     assert split.stats.prefix_cache_hit_tokens > 0 and split.stats.hidden_store_rows > 0
-    # Each forward of rank 0 ran on rank 1 too: the step's inputs were broadcast, not recomputed.
-    assert split.follower_steps > 0
+    # Each forward of rank 0 ran on every other rank too: the step's inputs were broadcast.
+    assert split.follower_steps == [split.forwards] * (size - 1) and split.forwards > 0
 
 
 def test_vocab_ranges_cover_the_vocabulary() -> None:
