@@ -16,6 +16,7 @@ from engine.parallel.shard import refusals, vocab_range
 from engine.sampling_params import SamplingParams
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
 from tests.helpers.reference import hf_logits, hf_model
+from tests.helpers.tiny_families import build_family
 from tests.helpers.tp import run_split
 
 ATOL = 1e-4
@@ -94,3 +95,22 @@ def test_batch_invariant_with_several_ranks_is_refused() -> None:
         EngineConfig(batch_invariant=True, tensor_parallel_size=2)
     with pytest.raises(ValueError, match="tensor_parallel_size must be positive"):
         EngineConfig(tensor_parallel_size=0)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "phi3", "qwen3"])
+def test_other_families_split_over_two_ranks(tmp_path: Path, family: str) -> None:
+    """Gemma 2 (soft-caps before the distributed log-softmax, tied head, windows), Phi-3 (q/k/v and gate/up fused in
+    the checkpoint, partial LongRoPE), Qwen3 (per-head q/k norms on each rank's heads)."""
+    path = build_family(tmp_path / family, family)
+    ids = rand_ids(37, 9)
+    split = run_split(2, dict(model=str(path), **CFG), [([ids, ids[:11]], [scoring(0, k=3), greedy(5)])])
+    (scored, generated), = split.outputs
+    one = make_engine(path, **CFG)
+    alone = one.generate([ids, ids[:11]], [scoring(0, k=3), greedy(5)])
+    _check_scoring(path, ids, 0, 3, scored, alone[0])
+    _check_greedy(path, ids[:11], 5, generated, alone[1])
+
+
+def test_mixture_of_experts_is_refused(tmp_path: Path) -> None:
+    model, _ = load_model(build_family(tmp_path / "moe", "qwen3-moe"), "float32", torch.device("cpu"))
+    assert any("mixture-of-experts" in b and "num_experts" in b for b in refusals(model, 2))
