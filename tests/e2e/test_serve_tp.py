@@ -4,6 +4,7 @@ their replica; a killed rank takes the replica down and Serve replaces it."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -100,7 +101,7 @@ def test_replicas_reserve_a_bundle_per_rank_and_a_killed_rank_replaces_the_repli
         assert max(abs(v - e) for (v, _), e in zip(rows, expected, strict=True)) <= ATOL
         _check_greedy(path, ids, _greedy(url, ids, 8), 8)
 
-        # Kill one rank during a long generation: its replica fails its health check and is replaced.
+        # Kill the ranks during a long generation: their replicas fail their health checks and are replaced.
         events: list[str] = []
         done = threading.Event()
 
@@ -113,10 +114,12 @@ def test_replicas_reserve_a_bundle_per_rank_and_a_killed_rank_replaces_the_repli
         before = {a["name"] for a in _alive_ranks()}
         threading.Thread(target=stream, daemon=True).start()
         time.sleep(1.0)
-        victim = _alive_ranks()[0]
-        ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
+        for victim in _alive_ranks():  # rank 1 of both replicas: the one streaming is among them
+            ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
         assert done.wait(60), "the in-flight request hung after a rank died"
-        assert events[-1] == "[DONE]"
+        assert events[-1] == "[DONE]" and len(events) >= 3
+        # The step in flight failed on rank 0 (its peer's connection broke): the stream ends with an error.
+        assert json.loads(events[-2])["meta_info"]["finish_reason"]["type"] == "error", events[-2]
         _wait(lambda: len({a["name"] for a in _alive_ranks()} - before) >= 1, 120, "no replacement ranks")
         r = httpx.post(url + "/generate", json=score_body(ids, 0), timeout=120)
         assert r.status_code == 200, r.text
@@ -129,7 +132,7 @@ def _app(path, **overrides: object):
     from deploy.app import build_app
 
     args = _tp_args(model=str(path), tensor_parallel_size=2, worker_num_gpus=0.5, worker_num_cpus=0.25,
-                    max_num_batched_tokens=64, num_kv_blocks=None, **overrides)
+                    max_num_batched_tokens=64, worker_graceful_shutdown_timeout_s=2, **overrides)
     return build_app(args)
 
 
