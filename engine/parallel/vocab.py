@@ -48,7 +48,8 @@ class VocabShard:
 
     def top_k(self, local_values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """[R, V_r] -> ([R, k] values, [R, k] global ids) of the whole vocabulary: each rank's local top-k,
-        padded with -inf to k, gathered and merged (ranks in order, so ties keep the lower id first)."""
+        padded with -inf to k (a range narrower than k), gathered and merged by one more top-k. The whole top-k is
+        among the candidates: each of its members is in its own rank's local top-k."""
         rows = local_values.shape[0]
         kl = min(k, local_values.shape[1])
         vals = local_values.new_full((rows, k), float("-inf"))
