@@ -123,6 +123,11 @@ def test_replicas_reserve_a_bundle_per_rank_and_a_killed_rank_replaces_the_repli
         _wait(lambda: len({a["name"] for a in _alive_ranks()} - before) >= 1, 120, "no replacement ranks")
         r = httpx.post(url + "/generate", json=score_body(ids, 0), timeout=120)
         assert r.status_code == 200, r.text
+
+        # Scale-down to one replica: the removed replicas' ranks go with them.
+        serve.run_many([RunTarget(_app(path, num_workers=1), name=app, route_prefix="/tp2")],
+                       wait_for_applications_running=False)
+        _wait(lambda: len(_alive_ranks()) == 1 and _running(app) == 1, 60, "ranks outlived a scale-down")
     finally:
         serve.delete(app)
     _wait(lambda: not _alive_ranks(), 30, "rank actors outlived their replica")
