@@ -68,9 +68,8 @@ class TensorParallel:
         return self.shard.gather_logits(local)
 
     def run_targets(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        h = self.model.model.norm(self.share(hidden)).float()  # [R, hidden]
         mine, idx = self.shard.owned(targets)
-        picked = self.model._cap((h * self.model.lm_head.weight[idx].float()).sum(-1))
+        picked = self.model.target_logits(self.share(hidden), idx)  # [R]: this rank's head rows, local ids
         return self.group.all_reduce(torch.where(mine, picked, torch.zeros_like(picked)))
 
     def run_score(self, hidden: torch.Tensor, targets: torch.Tensor, ks: list[int], mode: str, rows_per_block: int
