@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
 from engine.loader import load_model
 from engine.parallel.shard import refusals, vocab_range
 from engine.sampling_params import SamplingParams
@@ -88,6 +89,12 @@ def test_unsplittable_models_are_refused_naming_the_field(tiny_models) -> None:
     broken = refusals(model, 3)
     assert any("num_attention_heads 4 is not divisible by tensor_parallel_size 3" in b for b in broken)
     assert any("num_key_value_heads 2" in b for b in broken)
+
+
+def test_a_split_engine_needs_its_ranks(tiny_models) -> None:
+    """Without a process group (offline scoring, a plain LLMEngine) the config is refused before any load."""
+    with pytest.raises(ValueError, match="tensor_parallel_size 2 needs this engine to be rank 0 of a process group"):
+        LLMEngine(EngineConfig(model=str(tiny_models["llama"]), tensor_parallel_size=2))
 
 
 def test_batch_invariant_with_several_ranks_is_refused() -> None:
