@@ -26,6 +26,15 @@ def _routing(cfg: AppConfig) -> dict[str, Any]:
         request_router_class="workers.router:PrefixAwareRouter", request_router_kwargs=kwargs)}
 
 
+def _ranks(cfg: AppConfig) -> dict[str, Any]:
+    """tensor_parallel_size N > 1: one bundle per rank on one node; Serve puts the replica (rank 0) in bundle 0 and
+    the replica starts the other ranks in the others (workers/ranks.py)."""
+    if cfg.tensor_parallel_size == 1:
+        return {}
+    bundle = {"CPU": cfg.worker_num_cpus, **({"GPU": cfg.worker_num_gpus} if cfg.worker_num_gpus else {})}
+    return {"placement_group_bundles": [bundle] * cfg.tensor_parallel_size, "placement_group_strategy": "STRICT_PACK"}
+
+
 def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
     # The weight registry (workers/weights.py) is named per deploy: a new deploy starts on the config's weights,
@@ -38,7 +47,7 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
         # the engine thread); a stuck engine fails check_health itself after stuck_engine_timeout_s.
         health_check_period_s=5, health_check_timeout_s=30,
         graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
-        **_routing(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
+        **_routing(cfg), **_ranks(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
     ).bind(cfg.engine_config(), cfg.model_name, registry)
     return Ingress.options(
         ray_actor_options={"num_cpus": cfg.ingress_num_cpus}, max_ongoing_requests=cfg.ingress_max_ongoing_requests,

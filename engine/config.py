@@ -55,6 +55,9 @@ class EngineConfig:
                                  "else runs, wherever its chunks fall and whatever is cached (slower: "
                                  "python -m bench invariant).")
     max_model_len: int | None = _doc(None, "Longest prompt + generation; default: the model's.")
+    # engine/parallel/: rank 0 is the engine's own process; the worker starts the other ranks (workers/ranks.py).
+    tensor_parallel_size: int = _doc(1, "Ranks (devices) one worker splits the model over: attention heads, MLP "
+                                     "rows and the LM head's vocabulary; kv_cache_mb is per rank. 1: one device.")
     # Ray sets OMP_NUM_THREADS=1 in small actors, so a worker sets this from its CPU count (deploy/config.py).
     num_threads: int | None = _doc(None, "torch intra-op threads; default: torch's own.")
     cache_dir: str | None = _doc(None, "Where the default model is converted; default: the user's cache dir or "
@@ -83,6 +86,11 @@ class EngineConfig:
                      "score_rows_per_block"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.tensor_parallel_size <= 0:
+            raise ValueError(f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.batch_invariant:
+            raise ValueError("batch_invariant is not available with tensor_parallel_size > 1: the all-reduces' "
+                             "summation order is not held fixed across ranks")
         for name in ("max_queued_requests", "max_queued_tokens", "max_logprob_entries", "stuck_engine_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

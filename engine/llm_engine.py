@@ -17,6 +17,9 @@ from engine.loader import eos_token_ids, load_model, load_tokenizer, resolve_dev
 from engine.model_runner import ChunkResult, ModelRunner
 from engine.output_state import OutputState
 from engine.outputs import DEFAULT_WEIGHT_VERSION, FinishReason, RequestOutput, merge_outputs
+from engine.parallel.driver import TensorParallel
+from engine.parallel.group import TPGroup
+from engine.parallel.loading import load_sharded
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import Sequence
@@ -29,13 +32,24 @@ class RequestError(ValueError):
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, group: TPGroup | None = None) -> None:
+        """group: with tensor_parallel_size N > 1, this process's place as rank 0 of the N ranks (the other ranks
+        run engine.parallel.follower.Follower)."""
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.device = resolve_device(config.device)
         self.model_path: Path = resolve_model_path(config.model, config.cache_dir)
-        self.model, self.hf_config = load_model(self.model_path, config.dtype, self.device)
+        self.parallel: TensorParallel | None = None
+        if config.tensor_parallel_size > 1:
+            if group is None or not group.is_driver:
+                raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} needs this engine to be rank 0 "
+                                 "of a process group of that many ranks (engine/parallel/)")
+            self.device = group.device
+            self.model, self.hf_config = load_sharded(config, group)
+            self.parallel = TensorParallel(self.model, group)
+        else:
+            self.device = resolve_device(config.device)
+            self.model, self.hf_config = load_model(self.model_path, config.dtype, self.device)
         self.tokenizer = load_tokenizer(self.model_path)
         self.eos_ids = eos_token_ids(self.model_path, self.hf_config, self.tokenizer)
         self.vocab_size: int = self.hf_config.vocab_size
@@ -52,7 +66,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
                                    hidden_state_store=config.hidden_state_store,
                                    long_prefill_token_threshold=config.long_prefill_token_threshold)
-        self.runner = ModelRunner(self.model, config, self.device, num_blocks)
+        self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel)
+        if self.parallel is not None:
+            self.parallel.start(num_blocks)
         self.detokenizer = Detokenizer(self.tokenizer)
         # The served weights' name (SGLang's weight_version): set by each update (engine/weight_update.py).
         self.weight_version = DEFAULT_WEIGHT_VERSION
@@ -116,6 +132,12 @@ class LLMEngine:
         seq.finish_reason = FinishReason("abort")
         self._finish(seq)
         return self._output(seq)
+
+    def close(self) -> None:
+        """Lets the other ranks of a tensor-parallel engine leave their loop (nothing to do on one device)."""
+        if self.parallel is not None:
+            self.parallel.stop()
+            self.parallel = None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -18,6 +18,7 @@ from engine.layers.invariant_attention import InvariantPagedAttention
 from engine.logprobs import row_scores, top_k_rows
 from engine.models import CausalLM
 from engine.outputs import TokenLogprob
+from engine.parallel.driver import TensorParallel
 from engine.sampler import sample
 from engine.scheduler import ScheduledChunk, SchedulerOutput
 from engine.scorer import RowRequest, RowScorer
@@ -88,8 +89,13 @@ class StepPlan:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, config: EngineConfig, device: torch.device, num_blocks: int) -> None:
+    def __init__(self, model: CausalLM, config: EngineConfig, device: torch.device, num_blocks: int,
+                 parallel: TensorParallel | None = None) -> None:
+        """parallel: rank 0's handle on the other ranks when the model is split (model is then this rank's
+        shard); it announces each forward and runs the vocab-parallel LM head."""
         self.model = model
+        self.parallel = parallel
+        self.forwards = 0  # transformer forwards run (steps not served wholly from the cache)
         self.config = config
         self.device = device
         self.block_size = config.block_size
@@ -113,7 +119,7 @@ class ModelRunner:
         self.hidden_store = (torch.zeros(num_slots, model.hidden_size, dtype=model.dtype, device=device)
                              if store else None)
         self.scorer = RowScorer(model, config.logprobs_mode, config.score_rows_per_block, num_slots, device,
-                                lse_store=store, batch_invariant=self.invariant)
+                                lse_store=store, batch_invariant=self.invariant, parallel=parallel)
 
     @staticmethod
     def bytes_per_block(model: CausalLM, block_size: int) -> int:
@@ -205,6 +211,9 @@ class ModelRunner:
         [T + stored rows, hidden]. Keeps the new ones in the store for later scoring rows."""
         if plan.input_ids is not None:
             assert plan.positions is not None
+            if self.parallel is not None:
+                self.parallel.announce_forward(plan.input_ids, plan.positions, plan.meta)
+            self.forwards += 1
             hidden = self.model(plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.backend)  # [T, H]
             if self.hidden_store is not None:
                 self.hidden_store.index_copy_(0, plan.meta.slot_mapping, hidden)
@@ -237,7 +246,8 @@ class ModelRunner:
             return
         seqs = [sched.chunks[ci].seq for _, ci in rows]
         # [B, V] with B <= max_num_seqs: bounded like the scoring blocks.
-        logits = self.model.compute_logits(hidden[torch.tensor([r for r, _ in rows], device=self.device)]).float()
+        head = self.parallel or self.model  # split: the sampler's filters need whole rows, gathered
+        logits = head.compute_logits(hidden[torch.tensor([r for r, _ in rows], device=self.device)]).float()
         tokens = sample(logits, [s.params for s in seqs], [generators[s.request_id] for s in seqs])
         want = [s.params.return_logprob for s in seqs]
         values = row_scores(logits, self.config.logprobs_mode, self.invariant) if any(want) else None

@@ -19,6 +19,7 @@ import torch
 from engine.logprobs import score_rows
 from engine.models import CausalLM
 from engine.outputs import TokenLogprob
+from engine.parallel.driver import TensorParallel
 
 
 @dataclass
@@ -42,8 +43,11 @@ class RowResult:
 
 class RowScorer:
     def __init__(self, model: CausalLM, mode: str, rows_per_block: int, num_slots: int, device: torch.device,
-                 lse_store: bool, batch_invariant: bool = False) -> None:
+                 lse_store: bool, batch_invariant: bool = False, parallel: TensorParallel | None = None) -> None:
+        """parallel: the model is split over ranks; its vocab-parallel head scores the rows (same results)."""
         self.model, self.mode, self.rows_per_block = model, mode, rows_per_block
+        self.head = parallel or model
+        self.score_rows = parallel.score_rows if parallel is not None else score_rows
         self.invariant = batch_invariant
         # NaN = unknown. Only raw_logprobs needs it: raw_logits rows are a dot product already.
         self.lse = (torch.full((num_slots,), float("nan"), dtype=torch.float32, device=device)
@@ -93,10 +97,10 @@ class RowScorer:
         temps = [req.temps[i] for i in sel]
         scaled = any(t != 1.0 for t in temps)  # the default path builds no temperature tensor
         ids = [req.token_ids[i] for i in sel]
-        got = score_rows(hidden[rows], self.model.compute_logits, req.targets[rows], [req.ks[i] for i in sel],
-                         self.mode, self.rows_per_block, self.invariant,
-                         torch.tensor(temps, device=hidden.device) if scaled else None,
-                         ids if any(i is not None for i in ids) else None)
+        got = self.score_rows(hidden[rows], self.model.compute_logits, req.targets[rows], [req.ks[i] for i in sel],
+                              self.mode, self.rows_per_block, self.invariant,
+                              torch.tensor(temps, device=hidden.device) if scaled else None,
+                              ids if any(i is not None for i in ids) else None)
         for j, i in enumerate(sel):
             out.values[i], out.tops[i], out.token_ids[i] = got.values[j], got.tops[j], got.token_ids[j]
         if self.lse is not None:
@@ -109,7 +113,7 @@ class RowScorer:
         rows = mask.nonzero()[:, 0]
         if not len(rows):
             return
-        picked = self.model.target_logits(hidden[rows], req.targets[rows])  # [F]
+        picked = self.head.target_logits(hidden[rows], req.targets[rows])  # [F]
         if self.lse is not None:
             picked = picked - self.lse[req.slots[rows]]
         for i, val, tok in zip(rows.tolist(), picked.tolist(), req.targets[rows].tolist(), strict=True):

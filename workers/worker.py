@@ -15,6 +15,7 @@ from ray import serve
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from rulebook import rules
 from workers.convert import to_chunk
@@ -28,6 +29,7 @@ from workers.protocol import (
     WorkerStats,
     error_chunk,
 )
+from workers.ranks import RankGroup
 from workers.replica import replica_label
 from workers.stats import worker_stats
 from workers.weight_sync import WeightSync, registry_actor
@@ -47,7 +49,9 @@ class EngineWorker:
         # Ray sets OMP_NUM_THREADS=1 in actors with < 2 CPUs: take the thread count from the config.
         # Carriers are built in the engine thread (generate's `convert`): a large delta never holds this replica's
         # event loop, which must keep answering health checks, stats and other streams.
-        self.engine = AsyncEngine(cfg)
+        # tensor_parallel_size > 1: this replica is rank 0 and starts the others in its placement group.
+        self.ranks = RankGroup(engine_config) if cfg.tensor_parallel_size > 1 else None
+        self.engine = AsyncEngine(cfg) if self.ranks is None else AsyncEngine(engine=LLMEngine(cfg, self.ranks.group))
         eng = self.engine.engine
         self.info = ModelInfo(model_name=model_name or cfg.model, vocab_size=eng.vocab_size,
                               max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode,
@@ -159,6 +163,8 @@ class EngineWorker:
         # Serve replaces a replica whose health check raises: when the engine loop has died, or when it has
         # work and has not finished a step for stuck_engine_timeout_s (busy is fine, stuck is not).
         self.engine.check_health()
+        if self.ranks is not None:  # a dead rank: Serve replaces the replica, and its placement group with it
+            self.ranks.check()
 
 
 EngineWorkerDeployment = serve.deployment(name="EngineWorker")(EngineWorker)

@@ -1,0 +1,79 @@
+"""The sharded model's collective phases, run the same way on every rank: rank 0 calls the public methods, which
+first broadcast what the phase needs (messages.py) and then run it; the other ranks (follower.py) receive the
+message and run the same phase. The scorer and the sampler see `compute_logits` / `target_logits` / `score_rows`
+with the single-device signatures (engine/scorer.py, engine/logprobs.py), so the model runner's plan is unchanged."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from engine.layers.attention import AttentionMetadata
+from engine.logprobs import ScoredRows
+from engine.models import CausalLM
+from engine.parallel import vocab
+from engine.parallel.group import TPGroup
+from engine.parallel.messages import Forward, Logits, Message, Score, Setup, Stop, Targets
+from engine.parallel.shard import vocab_range
+
+
+class TensorParallel:
+    def __init__(self, model: CausalLM, group: TPGroup) -> None:
+        self.model, self.group = model, group
+        lo, hi = vocab_range(model.config.vocab_size, group.rank, group.size)
+        self.shard = vocab.VocabShard(group, lo, hi, model.config.vocab_size)
+
+    def send(self, msg: Message) -> None:
+        assert self.group.is_driver, "only rank 0 sends"
+        self.group.broadcast_object(msg)
+
+    # --- rank 0's calls -----------------------------------------------------------------------------
+    def start(self, num_blocks: int) -> None:
+        self.send(Setup(num_blocks))
+
+    def stop(self) -> None:
+        self.send(Stop())
+
+    def announce_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> None:
+        """Before rank 0's own forward: the other ranks run theirs over the same tokens (their heads, their cache)."""
+        cpu = torch.device("cpu")
+        self.send(Forward(input_ids.to(cpu), positions.to(cpu), meta.slot_mapping.to(cpu), list(meta.starts),
+                          list(meta.lens), [s.to(cpu) for s in meta.context_slots]))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[R, hidden] -> [R, V] raw logits of the whole vocabulary (float32): the sampling rows."""
+        self.send(Logits(hidden.shape[0]))
+        return self.run_logits(hidden)
+
+    def target_logits(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.send(Targets(targets.cpu()))
+        return self.run_targets(hidden, targets)
+
+    def score_rows(self, hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor],
+                   targets: torch.Tensor, ks: list[int], mode: str, rows_per_block: int, invariant: bool = False,
+                   temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None) -> ScoredRows:
+        """logprobs.score_rows' signature (compute_logits is the model's; the split head replaces it)."""
+        assert not invariant, "batch-invariant mode is refused with tensor_parallel_size > 1 (EngineConfig)"
+        self.send(Score(targets.cpu(), list(ks), mode, rows_per_block, temps.cpu() if temps is not None else None,
+                        token_ids))
+        return self.run_score(hidden, targets, ks, mode, rows_per_block, temps, token_ids)
+
+    # --- every rank: the phases -----------------------------------------------------------------------
+    def share(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Rank 0's rows (the scored positions, some from its hidden-state store) into every rank's buffer."""
+        return self.group.broadcast(hidden.contiguous())
+
+    def run_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        local = self.model.compute_logits(self.share(hidden)).float()  # [R, V_r]
+        return self.shard.gather_logits(local)
+
+    def run_targets(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        mine, idx = self.shard.owned(targets)
+        picked = self.model.target_logits(self.share(hidden), idx)  # [R]: this rank's head rows, local ids
+        return self.group.all_reduce(torch.where(mine, picked, torch.zeros_like(picked)))
+
+    def run_score(self, hidden: torch.Tensor, targets: torch.Tensor, ks: list[int], mode: str, rows_per_block: int,
+                  temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None) -> ScoredRows:
+        return vocab.score_rows(self.shard, self.share(hidden), self.model.compute_logits, targets, ks, mode,
+                                rows_per_block, temps, token_ids)

@@ -1,0 +1,57 @@
+"""Ranks 1..N-1 of a tensor-parallel worker: load the model, keep this rank's shard and KV cache (its heads), then
+run what rank 0 broadcasts until it says stop. No scheduler, no block tables, no store: rank 0 decides everything."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.config import EngineConfig
+from engine.layers.attention import AttentionMetadata, TorchPagedAttention
+from engine.models import CausalLM
+from engine.parallel.driver import TensorParallel
+from engine.parallel.group import TPGroup
+from engine.parallel.loading import load_sharded
+from engine.parallel.messages import Forward, Logits, Score, Setup, Stop, Targets
+
+
+class Follower:
+    def __init__(self, config: EngineConfig, group: TPGroup) -> None:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.group, self.device, self.block_size = group, group.device, config.block_size
+        self.model: CausalLM = load_sharded(config, group)[0]
+        self.tp = TensorParallel(self.model, group)
+        self.backend = TorchPagedAttention()
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.steps = 0
+
+    @torch.inference_mode()
+    def run(self) -> None:
+        """Until rank 0 sends Stop (or the group breaks, which raises: the worker's health check sees it)."""
+        while True:
+            msg = self.group.broadcast_object()
+            if isinstance(msg, Stop):
+                return
+            self.handle(msg)
+
+    def handle(self, msg: Setup | Forward | Score | Targets | Logits) -> None:
+        hidden_size, dtype, dev = self.model.hidden_size, self.model.dtype, self.device
+        if isinstance(msg, Setup):
+            shape = (msg.num_blocks * self.block_size, self.model.num_kv_heads, self.model.head_dim)
+            self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev))
+                              for _ in range(self.model.num_layers)]
+        elif isinstance(msg, Forward):
+            meta = AttentionMetadata(msg.slot_mapping.to(dev), msg.starts, msg.lens,
+                                     [s.to(dev) for s in msg.context_slots])
+            meta.finalize(dev, dtype)
+            self.model(msg.input_ids.to(dev), msg.positions.to(dev), self.kv_caches, meta, self.backend)
+            self.steps += 1
+        elif isinstance(msg, Score):
+            rows = torch.empty(len(msg.targets), hidden_size, dtype=dtype, device=dev)
+            temps = msg.temps.to(dev) if msg.temps is not None else None
+            self.tp.run_score(rows, msg.targets.to(dev), msg.ks, msg.mode, msg.rows_per_block, temps, msg.token_ids)
+        elif isinstance(msg, Targets):
+            rows = torch.empty(len(msg.targets), hidden_size, dtype=dtype, device=dev)
+            self.tp.run_targets(rows, msg.targets.to(dev))
+        elif isinstance(msg, Logits):
+            self.tp.run_logits(torch.empty(msg.rows, hidden_size, dtype=dtype, device=dev))

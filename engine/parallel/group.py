@@ -1,0 +1,97 @@
+"""The process group a tensor-parallel worker's ranks share: torch.distributed with NCCL on CUDA and gloo on CPU,
+plus a gloo group for the step messages (pickled objects travel on CPU, whatever the device: SGLang's rule).
+
+Two timeouts: the collectives of a step wait at most `timeout_s` for the slowest rank (a layer's work apart); the
+message group waits without a practical limit, since the other ranks wait there for rank 0's next step however
+long the worker stays idle. A rank that dies breaks the ranks' TCP connections, which raises at once either way.
+
+Collectives go through this class so that tests and the bench can count the bytes each one moved."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# How long the other ranks wait for rank 0's next message: an idle worker is not a failure.
+IDLE_TIMEOUT = timedelta(days=365)
+
+
+@dataclass
+class Traffic:
+    """Payload bytes this rank sent into collectives, by kind (a ring all-reduce moves ~2x this on the wire)."""
+
+    all_reduce: int = 0
+    all_gather: int = 0
+    broadcast: int = 0
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def add(self, kind: str, nbytes: int) -> None:
+        setattr(self, kind, getattr(self, kind) + nbytes)
+        self.calls[kind] = self.calls.get(kind, 0) + 1
+
+    @property
+    def total(self) -> int:
+        return self.all_reduce + self.all_gather + self.broadcast
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class TPGroup:
+    """This process's place in a tensor-parallel group of `size` ranks (rank 0 drives)."""
+
+    def __init__(self, rank: int, size: int, device: torch.device, address: str,
+                 timeout_s: float = 120.0) -> None:
+        """address: "host:port" of rank 0's rendezvous store (every rank gets the same). Blocks until all `size`
+        ranks have joined."""
+        self.rank, self.size, self.device = rank, size, device
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=size,
+                                timeout=timedelta(seconds=timeout_s))
+        self.group: Any = dist.group.WORLD
+        self.cpu_group: Any = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+        self.traffic = Traffic()
+
+    @property
+    def is_driver(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In place; every rank gets the same bits (the ring reduces each chunk once, then passes it on)."""
+        self.traffic.add("all_reduce", x.numel() * x.element_size())
+        dist.all_reduce(x, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=self.group)
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's x (same shape on every rank), in rank order."""
+        self.traffic.add("all_gather", x.numel() * x.element_size())
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return parts
+
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's x into every rank's x (same shape and dtype everywhere), in place."""
+        if self.is_driver:
+            self.traffic.add("broadcast", x.numel() * x.element_size())
+        dist.broadcast(x, src=0, group=self.group)
+        return x
+
+    def broadcast_object(self, obj: Any = None) -> Any:
+        """Rank 0's obj, pickled over the gloo group; other ranks pass None and get it."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.cpu_group)
+        return box[0]
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,67 @@
+"""N ranks on this machine without Ray: processes spawned with torch.multiprocessing on one gloo group (tests and
+`python -m bench tp`). Rank 0 builds an LLMEngine and runs `job(engine)`; the others run Follower until it stops."""
+
+from __future__ import annotations
+
+import queue
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from engine.config import EngineConfig
+from engine.parallel.group import free_port
+
+
+def _rank_main(rank: int, size: int, address: str, cfg: dict[str, Any], job: Callable[[Any], Any],
+               threads: int, out: Any) -> None:
+    from engine.llm_engine import LLMEngine
+    from engine.parallel.follower import Follower
+    from engine.parallel.group import TPGroup
+
+    torch.set_num_threads(threads)
+    try:
+        group = TPGroup(rank, size, torch.device("cpu"), address, timeout_s=120)
+        config = EngineConfig(**{**cfg, "tensor_parallel_size": size})
+        if rank:
+            follower = Follower(config, group)
+            follower.run()
+            out.put(("done", rank, follower.steps))
+            return
+        eng = LLMEngine(config, group)
+        result = job(eng)
+        eng.close()
+        out.put(("done", rank, result))
+    except BaseException:  # noqa: BLE001 - the parent raises it with the rank's traceback
+        out.put(("error", rank, traceback.format_exc()))
+
+
+def run_local(size: int, config: EngineConfig, job: Callable[[Any], Any], threads: int = 1,
+              timeout_s: float = 600) -> tuple[Any, list[int]]:
+    """(what job returned on rank 0, the forwards each other rank ran). job must be picklable (module level)."""
+    cfg = {k: v for k, v in asdict(config).items() if k != "tensor_parallel_size"}
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    address = f"127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=_rank_main, args=(r, size, address, cfg, job, threads, out), daemon=True)
+             for r in range(size)]
+    for p in procs:
+        p.start()
+    got: dict[int, Any] = {}
+    try:
+        for _ in range(size):
+            kind, rank, value = out.get(timeout=timeout_s)
+            if kind == "error":
+                raise RuntimeError(f"rank {rank} failed:\n{value}")
+            got[rank] = value
+    except queue.Empty as exc:
+        raise RuntimeError(f"the {size} ranks did not finish in {timeout_s} s") from exc
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return got[0], [got[r] for r in range(1, size)]

@@ -1,0 +1,59 @@
+"""What rank 0 broadcasts to the other ranks, one message per collective phase of a step (pickled over the gloo
+group). Tensors here are CPU index tensors; activations travel separately, by a broadcast on the device group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Setup:
+    num_blocks: int  # KV blocks: every rank's cache has as many as rank 0's block tables address
+
+
+@dataclass
+class Forward:
+    """The transformer over the step's new tokens: AttentionMetadata's inputs, before finalize()."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T]
+    starts: list[int]
+    lens: list[int]
+    context_slots: list[torch.Tensor]
+
+
+@dataclass
+class Score:
+    """Scoring rows through the vocab-parallel log-softmax; the [rows, hidden] rows follow by broadcast."""
+
+    targets: torch.Tensor  # [rows]
+    ks: list[int]
+    mode: str
+    rows_per_block: int
+    temps: torch.Tensor | None = None  # [rows] input_logprob_temperature per row; None: every row at 1
+    token_ids: list[list[int] | None] | None = None  # per row, the ids whose values it also reports
+
+
+@dataclass
+class Targets:
+    """Each row's target logit alone (the cached-row shortcut); the rows follow by broadcast."""
+
+    targets: torch.Tensor  # [rows]
+
+
+@dataclass
+class Logits:
+    """Whole-vocabulary logits of a few rows (the sampling rows), gathered; the rows follow by broadcast."""
+
+    rows: int
+
+
+@dataclass
+class Stop:
+    """The engine is closing: the other ranks leave their loop."""
+
+
+Message = Setup | Forward | Score | Targets | Logits | Stop

@@ -1,0 +1,121 @@
+"""The split of a loaded model over N ranks (Megatron's layout, vLLM's QKVParallelLinear / RowParallelLinear):
+
+- fused q/k/v: column parallel by heads. Rank r holds query heads [r Hq/N, (r+1) Hq/N) and the KV heads they read:
+  KV heads split the same way when N divides Hkv, else (Hkv divides N) each KV head is replicated on N/Hkv ranks;
+- o_proj: row parallel (the input columns of rank r's heads), one all-reduce, bias added once after it;
+- fused gate/up: column parallel by intermediate rows; down_proj: row parallel, one all-reduce;
+- LM head: vocabulary parallel, contiguous ranges of ceil(V/N) rows (vocab.py); the embedding stays replicated
+  (a row lookup: no collective per step, for V x hidden values per rank);
+- norms, rotary tables, per-head q/k norms: replicated.
+
+A rank's hidden states after each all-reduce are the same bits on every rank, so the residual stream, the final
+norm and the scoring rows agree everywhere. The split runs after load_model's fuse, so families fused in the
+checkpoint (Phi-3) and fused at load are one case."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.layers.linear import Linear, linear
+from engine.models import CausalLM
+from engine.models.llama import MLP
+from engine.parallel.group import TPGroup
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_r W_r^T) + b: each rank multiplies its slice of the input features."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: TPGroup) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)  # [out, in / N]
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.group.all_reduce(linear(x, self.weight))
+        return y + self.bias if self.bias is not None else y
+
+
+def vocab_range(vocab: int, rank: int, size: int) -> tuple[int, int]:
+    """[lo, hi) of the vocabulary rank holds: contiguous ranges of ceil(V / N) (the last may be shorter)."""
+    width = -(-vocab // size)
+    return min(vocab, rank * width), min(vocab, (rank + 1) * width)
+
+
+def refusals(model: CausalLM, size: int) -> list[str]:
+    """Why `model` cannot be split over `size` ranks, each naming its config field; empty: it can."""
+    cfg = model.config
+    found: list[str] = []
+    attn = model.model.layers[0].self_attn if model.num_layers else None
+    if attn is not None:
+        hq, hkv = attn.num_heads, attn.num_kv_heads
+        if hq % size:
+            found.append(f"num_attention_heads {hq} is not divisible by tensor_parallel_size {size}")
+        if hkv % size and size % hkv:
+            found.append(f"num_key_value_heads {hkv} neither divides nor is divisible by tensor_parallel_size {size}")
+    for layer in model.model.layers:
+        if not isinstance(layer.mlp, MLP):
+            found.append("mixture-of-experts MLP blocks (num_experts) are not split across ranks")
+            break
+        if layer.mlp.intermediate_size % size:
+            found.append(f"intermediate_size {layer.mlp.intermediate_size} is not divisible by "
+                         f"tensor_parallel_size {size}")
+            break
+    if vocab_range(cfg.vocab_size, size - 1, size)[0] >= cfg.vocab_size:
+        found.append(f"vocab_size {cfg.vocab_size} leaves a rank of tensor_parallel_size {size} no vocabulary")
+    return found
+
+
+def shard_model(model: CausalLM, group: TPGroup) -> None:
+    """Keep this rank's shard of every split weight (in place); raises ValueError naming what cannot be split."""
+    rank, size = group.rank, group.size
+    broken = refusals(model, size)
+    if broken:
+        raise ValueError(f"{type(model).__name__} cannot be served with tensor_parallel_size {size}: "
+                         + "; ".join(broken))
+    for layer in model.model.layers:
+        _shard_attention(layer.self_attn, rank, size, group)
+        _shard_mlp(layer.mlp, rank, size, group)
+    lo, hi = vocab_range(model.config.vocab_size, rank, size)
+    head = model.lm_head.weight[lo:hi].clone()  # a copy: with tied embeddings the full table stays for lookups
+    model.lm_head = Linear(head.shape[1], head.shape[0], bias=False, device="meta")
+    model.lm_head.weight = nn.Parameter(head, requires_grad=False)
+    model.num_kv_heads = model.model.layers[0].self_attn.num_kv_heads if model.num_layers else 0
+
+
+def _column(parts: list[tuple[int, int]], weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    """A Linear of the given output-row ranges of a fused weight, side by side."""
+    w = torch.cat([weight[lo:hi] for lo, hi in parts]).contiguous()
+    out = Linear(w.shape[1], w.shape[0], bias=bias is not None, device="meta")
+    out.weight = nn.Parameter(w, requires_grad=False)
+    if bias is not None:
+        out.bias = nn.Parameter(torch.cat([bias[lo:hi] for lo, hi in parts]).contiguous(), requires_grad=False)
+    return out
+
+
+def _shard_attention(attn: nn.Module, rank: int, size: int, group: TPGroup) -> None:
+    hq, hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    q_local = hq // size
+    kv_local = hkv // size if hkv % size == 0 else 1
+    kv_first = rank * kv_local if hkv % size == 0 else rank // (size // hkv)  # replicated: N / Hkv ranks per head
+    q0, k0, v0 = 0, hq * d, (hq + hkv) * d  # q, k, v rows of the fused projection
+    qkv = attn.qkv_proj
+    attn.qkv_proj = _column([(q0 + rank * q_local * d, q0 + (rank + 1) * q_local * d),
+                             (k0 + kv_first * d, k0 + (kv_first + kv_local) * d),
+                             (v0 + kv_first * d, v0 + (kv_first + kv_local) * d)], qkv.weight, qkv.bias)
+    o = attn.o_proj
+    attn.o_proj = RowParallelLinear(o.weight[:, rank * q_local * d:(rank + 1) * q_local * d], o.bias, group)
+    attn.num_heads, attn.num_kv_heads = q_local, kv_local
+
+
+def _shard_mlp(mlp: MLP, rank: int, size: int, group: TPGroup) -> None:
+    width = mlp.intermediate_size
+    local = width // size
+    lo, hi = rank * local, (rank + 1) * local
+    gate_up = mlp.gate_up_proj
+    assert gate_up is not None
+    mlp.gate_up_proj = _column([(lo, hi), (width + lo, width + hi)], gate_up.weight, gate_up.bias)
+    down = mlp.down_proj
+    mlp.down_proj = RowParallelLinear(down.weight[:, lo:hi], down.bias, group)  # type: ignore[assignment]
+    mlp.intermediate_size = local

@@ -1,0 +1,150 @@
+"""Tensor-parallel workers on the real local cluster: each replica reserves one bundle per rank (placement group,
+STRICT_PACK), runs rank 0 itself and N - 1 rank actors; rows equal transformers' within 1e-4; the ranks die with
+their replica; a killed rank takes the replica down and Serve replaces it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import ray
+import torch
+import yaml
+from ray import serve
+from ray.serve import RunTarget
+
+from tests.helpers.reference import hf_model, hf_scores
+from tests.helpers.serve import deploy, ids_of, score_body
+from workers.ranks import RANK_PREFIX
+
+ATOL = 1e-4
+
+
+def _tp_args(**overrides: object) -> dict:
+    args = yaml.safe_load(open("configs/tp.yaml"))["applications"][0]["args"]
+    args.update({"kv_cache_mb": 32, "max_num_batched_tokens": 256, "worker_num_cpus": 0.5, "ingress_num_cpus": 0.1,
+                 **overrides})
+    return args
+
+
+def _alive_ranks() -> list[dict]:
+    """Named rank actors that are alive (Ray drops a dead actor's name)."""
+    return [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(RANK_PREFIX)]
+
+
+def _wait(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+def _greedy(url: str, ids: list[int], n: int) -> dict:
+    body = {"input_ids": ids, "max_tokens": n, "temperature": 0, "ignore_eos": True, "return_logprob": True}
+    r = httpx.post(url + "/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _check_greedy(path, ids: list[int], answer: dict, n: int) -> None:
+    with torch.inference_mode():
+        g = hf_model(str(path)).generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                         output_logits=True, return_dict_in_generate=True)
+    rows = answer["meta_info"]["output_token_logprobs"]
+    assert [t for _, t in rows] == g.sequences[0, len(ids):].tolist()
+    for (v, t), step in zip(rows, g.logits, strict=True):
+        assert abs(v - torch.log_softmax(step[0].float(), -1)[t].item()) <= ATOL
+
+
+def test_three_ranks_serve_smollm2_exactly_and_leave_with_the_app(serve_url: str, smollm2_path) -> None:
+    app, url = "tp3", serve_url + "/tp3"
+    deploy(app, "/tp3", _tp_args())
+    try:
+        assert len(_alive_ranks()) == 2  # ranks 1 and 2; rank 0 is the replica
+        pgs = [p for p in ray.util.placement_group_table().values()
+               if p["state"] == "CREATED" and len(p["bundles"]) == 3]
+        assert [p["strategy"] for p in pgs] == ["STRICT_PACK"]
+        ids = ids_of(40, 11)
+        rows = httpx.post(url + "/generate", json=score_body(ids, 3, k=2), timeout=120).json()["meta_info"]
+        expected = hf_scores(smollm2_path, ids, 3)
+        assert max(abs(v - e) for (v, _), e in zip(rows["input_token_logprobs"], expected, strict=True)) <= ATOL
+        # The same prompt again: its rows come from rank 0's hidden-state store (the vocab-parallel shortcut).
+        warm = httpx.post(url + "/generate", json=score_body(ids, 3), timeout=120).json()["meta_info"]
+        assert warm["cached_tokens"] > 0
+        assert max(abs(v - e) for (v, _), e in zip(warm["input_token_logprobs"], expected, strict=True)) <= ATOL
+        _check_greedy(smollm2_path, ids[:12], _greedy(url, ids[:12], 6), 6)
+    finally:
+        serve.delete(app)
+    _wait(lambda: not _alive_ranks(), 30, "rank actors outlived their replica")
+
+
+def test_replicas_reserve_a_bundle_per_rank_and_a_killed_rank_replaces_the_replica(
+        serve_url: str, tiny_models) -> None:
+    """Fake GPUs: two replicas of 2 ranks at half a GPU per rank take the session's 2 GPUs; a third waits."""
+    path = tiny_models["llama"]
+    app, url = "tp2", serve_url + "/tp2"
+    # Not waiting for RUNNING: the third replica never places.
+    serve.run_many([RunTarget(_app(path, num_workers=3), name=app, route_prefix="/tp2")],
+                   wait_for_applications_running=False)
+    try:
+        _wait(lambda: len(_alive_ranks()) == 2 and _running(app) == 2, 120, "two replicas of two ranks")
+        time.sleep(3)  # the third stays pending: no half-GPU bundle is left
+        assert _running(app) == 2 and len(_alive_ranks()) == 2
+        assert ray.available_resources().get("GPU", 0) == 0
+        ids = [5, 17, 200, 33, 41, 9, 90, 2, 300, 11]
+        r = httpx.post(url + "/generate", json=score_body(ids, 0, k=3), timeout=60)
+        assert r.status_code == 200, r.text
+        expected = hf_scores(path, ids, 0)
+        rows = r.json()["meta_info"]["input_token_logprobs"]
+        assert max(abs(v - e) for (v, _), e in zip(rows, expected, strict=True)) <= ATOL
+        _check_greedy(path, ids, _greedy(url, ids, 8), 8)
+
+        # Kill the ranks during a long generation: their replicas fail their health checks and are replaced.
+        events: list[str] = []
+        done = threading.Event()
+
+        def stream() -> None:
+            body = {"input_ids": ids, "max_tokens": 400, "ignore_eos": True, "stream": True, "temperature": 0}
+            with httpx.stream("POST", url + "/generate", json=body, timeout=90) as resp:
+                events.extend(line[6:] for line in resp.iter_lines() if line.startswith("data: "))
+            done.set()
+
+        before = {a["name"] for a in _alive_ranks()}
+        threading.Thread(target=stream, daemon=True).start()
+        time.sleep(1.0)
+        for victim in _alive_ranks():  # rank 1 of both replicas: the one streaming is among them
+            ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
+        assert done.wait(60), "the in-flight request hung after a rank died"
+        assert events[-1] == "[DONE]" and len(events) >= 3
+        # The step in flight failed on rank 0 (its peer's connection broke): the stream ends with an error.
+        assert json.loads(events[-2])["meta_info"]["finish_reason"]["type"] == "error", events[-2]
+        _wait(lambda: len({a["name"] for a in _alive_ranks()} - before) >= 1, 120, "no replacement ranks")
+        r = httpx.post(url + "/generate", json=score_body(ids, 0), timeout=120)
+        assert r.status_code == 200, r.text
+
+        # Scale-down to one replica: the removed replicas' ranks go with them.
+        serve.run_many([RunTarget(_app(path, num_workers=1), name=app, route_prefix="/tp2")],
+                       wait_for_applications_running=False)
+        _wait(lambda: len(_alive_ranks()) == 1 and _running(app) == 1, 60, "ranks outlived a scale-down")
+    finally:
+        serve.delete(app)
+    _wait(lambda: not _alive_ranks(), 30, "rank actors outlived their replica")
+
+
+def _app(path, **overrides: object):
+    from deploy.app import build_app
+
+    args = _tp_args(model=str(path), tensor_parallel_size=2, worker_num_gpus=0.5, worker_num_cpus=0.25,
+                    max_num_batched_tokens=64, worker_graceful_shutdown_timeout_s=2, **overrides)
+    return build_app(args)
+
+
+def _running(app: str) -> int:
+    status = serve.status().applications.get(app)
+    if status is None:
+        return 0
+    dep = status.deployments.get("EngineWorker")
+    return dep.replica_states.get("RUNNING", 0) if dep is not None else 0
+

@@ -1,0 +1,35 @@
+"""Tensor-parallel engines without Ray (engine/parallel/local.py): rank 0 runs batches of requests and sends back
+its merged outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.outputs import RequestOutput
+from engine.parallel.local import run_local
+from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats
+
+Batch = tuple[list[list[int]], list[SamplingParams]]
+
+
+@dataclass
+class SplitRun:
+    outputs: list[list[RequestOutput]]  # per batch, per prompt
+    stats: EngineStats
+    follower_steps: list[int]  # forwards each other rank ran (as many as rank 0's, or the broadcast failed)
+    forwards: int  # forwards rank 0 ran
+
+
+def _batches(batches: list[Batch], eng: Any) -> tuple[list[list[RequestOutput]], EngineStats, int]:
+    results = [eng.generate(prompts, params, check=True) for prompts, params in batches]
+    return results, eng.stats(), eng.runner.forwards
+
+
+def run_split(size: int, cfg: dict[str, Any], batches: list[Batch]) -> SplitRun:
+    (results, stats, forwards), steps = run_local(size, EngineConfig(**cfg), partial(_batches, batches),
+                                                  timeout_s=240)
+    return SplitRun(results, stats, steps, forwards)
