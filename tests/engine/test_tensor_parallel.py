@@ -122,3 +122,30 @@ def test_other_families_split_over_two_ranks(tmp_path: Path, family: str) -> Non
 def test_mixture_of_experts_is_refused(tmp_path: Path) -> None:
     model, _ = load_model(build_family(tmp_path / "moe", "qwen3-moe"), "float32", torch.device("cpu"))
     assert any("mixture-of-experts" in b and "num_experts" in b for b in refusals(model, 2))
+
+
+def test_split_engine_scores_at_a_temperature_with_token_ids(tiny_models) -> None:
+    """input_logprob_temperature and token_ids_logprob through the vocab-parallel head: rows, top-k and the asked
+    ids equal log_softmax(transformers logits / T) and one device, cold and warm (a row at T != 1 never takes the
+    cached log-sum-exp shortcut)."""
+    path = tiny_models["llama"]
+    a, b = rand_ids(30, 11), rand_ids(12, 12)
+    ids = [3, 100, 7]
+    hot = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0, top_logprobs_num=4,
+                         input_logprob_temperature=0.7, token_ids_logprob=ids)
+    batches = [([a, b], [hot, scoring(2)]), ([a], [hot])]
+    split = run_split(2, dict(model=str(path), **CFG), batches)
+    one = make_engine(path, **CFG)
+    alone = [one.generate(prompts, params) for prompts, params in batches]
+    (cold, s_b), (warm,) = split.outputs
+    lp = torch.log_softmax(hf_logits(path, a) / 0.7, dim=-1)
+    for out, ref in [(cold, alone[0][0]), (warm, alone[1][0])]:
+        for pos, ((v, t), top, asked, (v1, _)) in enumerate(zip(
+                out.input_token_logprobs, out.input_top_logprobs, out.input_token_ids_logprobs,
+                ref.input_token_logprobs, strict=True)):
+            assert abs(v - lp[pos, t].item()) <= ATOL and abs(v - v1) <= ATOL
+            assert [i for _, i in top] == torch.topk(lp[pos], 4).indices.tolist()
+            assert [i for _, i in asked] == ids
+            assert max(abs(x - lp[pos, i].item()) for x, i in asked) <= ATOL
+    assert warm.cached_tokens > 0
+    _check_scoring(path, b, 2, 0, s_b, alone[0][1])
