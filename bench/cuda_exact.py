@@ -88,6 +88,30 @@ def score_case(engine: Any, prompts: list[list[int]], lps: list[torch.Tensor]) -
             "rows": sum(len(p) - 1 for p in prompts)}
 
 
+TEACHER_T, TEACHER_IDS = 0.7, [2, 3, 4]
+
+
+def teacher_case(engine: Any, prompts: list[list[int]], lps: list[torch.Tensor]) -> dict[str, Any]:
+    """A distillation teacher's request (input_logprob_temperature 0.7, top-5, token_ids_logprob) against
+    log_softmax(logits / T): the rows, the top-k values and the asked ids' values; run twice (cold, then warm)."""
+    from engine.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0, top_logprobs_num=TOP_K,
+                            input_logprob_temperature=TEACHER_T, token_ids_logprob=TEACHER_IDS)
+    # lps are temperature-1 log-softmax rows; log_softmax(z / T) = log_softmax(log_softmax(z) / T) exactly in math.
+    scaled = [torch.log_softmax(lp / TEACHER_T, dim=-1) for lp in lps]
+    worst, moved = 0.0, 0
+    for _ in range(2):
+        outs = engine.generate(prompts, params)
+        for out, lp, ids in zip(outs, scaled, prompts, strict=True):
+            d_rows, d_top, m = row_diffs(out, lp, ids)
+            lp_cpu = lp.cpu()
+            d_ids = max(abs(v - lp_cpu[p, t].item()) for p, row in enumerate(out.input_token_ids_logprobs or [])
+                        for v, t in row)
+            worst, moved = max(worst, d_rows, d_top, d_ids), moved + m
+    return {"max_abs_diff": worst, "top_sets_moved": moved, "temperature": TEACHER_T}
+
+
 @torch.inference_mode()
 def greedy_case(engine: Any, hf: Any, prompts: list[list[int]], device: torch.device) -> dict[str, Any]:
     from engine.sampling_params import SamplingParams
@@ -133,6 +157,7 @@ def family_case(family: str, shape: dict[str, Any], run: Any) -> dict[str, Any]:
     res["one_step"] = score_case(one, prompts, lps)
     res["warm_repeat"] = score_case(one, prompts, lps)  # the same engine: blocks from the prefix cache
     res["greedy"] = greedy_case(one, hf, prompts[:3], run.device)
+    res["teacher"] = teacher_case(one, prompts, lps)
     del one
     chunked = LLMEngine(EngineConfig(model=str(folder), device=device, dtype="float32", num_kv_blocks=512,
                                      max_num_batched_tokens=budget, enable_prefix_cache=False))
@@ -160,13 +185,14 @@ def summary_line(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"FAILED {r['error']}"
     cases = ("one_step", "warm_repeat", "chunked")
-    worst = max(max(r[c]["max_abs_diff"], r[c]["top_max_abs_diff"]) for c in cases)
+    worst = max([max(r[c]["max_abs_diff"], r[c]["top_max_abs_diff"]) for c in cases] + [r["teacher"]["max_abs_diff"]])
     moved = sum(r[c]["top_sets_moved"] for c in cases)
     ok = "PASS" if worst <= TOLERANCE and r["greedy"]["equal"] == r["greedy"]["prompts"] else "FAIL"
     return (f"{ok}: max |diff| {worst:.1e} (one step {r['one_step']['max_abs_diff']:.1e}, warm "
             f"{r['warm_repeat']['max_abs_diff']:.1e} with {r['warm_repeat']['cached_tokens']} cached tokens, "
             f"chunked {r['chunked']['max_abs_diff']:.1e}), top-{TOP_K} sets moved {moved}, greedy "
-            f"{r['greedy']['equal']}/{r['greedy']['prompts']} equal")
+            f"{r['greedy']['equal']}/{r['greedy']['prompts']} equal; T={TEACHER_T} teacher rows + top-{TOP_K} + ids "
+            f"{r['teacher']['max_abs_diff']:.1e}")
 
 
 def summary(res: dict[str, Any]) -> list[tuple[str, str]]:
