@@ -45,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=2, help="torch threads, the same for every side")
     r.add_argument("--no-llamacpp", action="store_true", help="leave llama.cpp out even when installed")
     r.add_argument("--http-concurrency", type=int, default=32, help="concurrent HTTP clients in workload 5")
+    r.add_argument("--http-part", choices=("all", "short", "prompts"), default="all",
+                   help="workload 5's parts: the short requests (400 x 48 tokens), workload 2's prompts, or both")
     r.add_argument("--slow-budget", type=float, default=None,
                    help="seconds per repetition a very slow side (bf16 without CPU support) may take before it "
                         "is measured on a shorter prompt (default 20 quick, 60 full)")
@@ -77,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     settings = Settings(model=args.model, mode=mode, reps=args.reps, threads=args.threads,
                         use_llamacpp=not args.no_llamacpp, http_concurrency=args.http_concurrency,
-                        slow_side_budget_s=args.slow_budget or (60.0 if mode == "full" else 20.0))
+                        slow_side_budget_s=args.slow_budget or (60.0 if mode == "full" else 20.0),
+                        http_part=args.http_part)
     set_threads(settings.threads)
     from bench.context import Context
 

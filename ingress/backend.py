@@ -36,6 +36,13 @@ class Backend(Protocol):
         """
         ...
 
+    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+        """Each request's whole answer (its deltas merged), in order, from one call: what a non-streamed answer
+        needs. The answers are as the worker ended them (an `error` finish included; the caller checks).
+        Cancelling the awaiting task aborts every request in the worker; errors are translated as in `stream`.
+        """
+        ...
+
     async def ready(self) -> bool:
         """True when at least one worker answers; never raises."""
         ...
@@ -63,9 +70,10 @@ class Backend(Protocol):
 
 
 class HandleBackend:
-    """Backend over the worker deployment: `generate` (streaming), `model_info`, `stats` and the tokenizer's
-    `tokenize`, `detokenize`, `token_texts`, `apply_chat_template`, `tokenizer_info`. Ray's errors for a lost
-    replica become WorkerLost and Serve's BackPressureError becomes Overloaded (`_translated`)."""
+    """Backend over the worker deployment: `generate` (streaming), `generate_whole` (unary), `model_info`, `stats`
+    and the tokenizer's `tokenize`, `detokenize`, `token_texts`, `apply_chat_template`, `tokenizer_info`.
+    Ray's errors for a lost replica become WorkerLost and Serve's BackPressureError becomes Overloaded
+    (`_translated`)."""
 
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0) -> None:
         self._worker = worker
@@ -101,6 +109,24 @@ class HandleBackend:
                 # the routing result and re-raises that error, which must not replace the one raised above.
                 with contextlib.suppress(Exception):
                     response.cancel()
+
+    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+        # One unary call for all of them: a streaming call per prompt costs a generator on both sides of the
+        # handle and a message per delta, several times the CPU of a short scoring request's own answer.
+        response = None
+        try:
+            response = self._worker.generate_whole.remote(reqs)
+            answers: list[GenerateChunk] = await response
+            return answers
+        except asyncio.CancelledError:
+            # The client left (or the deadline passed): cancelling the call cancels the replica's task, which
+            # aborts every request it had not finished.
+            if response is not None:
+                with contextlib.suppress(Exception):
+                    response.cancel()
+            raise
+        except Exception as exc:
+            raise _translated(exc) from exc
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return await _call(self._worker.tokenize, text, add_special_tokens)

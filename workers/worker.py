@@ -27,6 +27,7 @@ from workers.protocol import (
     TokenizerInfo,
     WorkerStats,
     error_chunk,
+    merge_outputs,
 )
 from workers.replica import replica_label
 from workers.stats import worker_stats
@@ -36,9 +37,9 @@ log = logging.getLogger("ray.serve")
 
 class EngineWorker:
     """Serve deployment body (bound with options in deploy/app.py). Methods called through a handle:
-    `generate` (stream=True), `model_info`, `stats`, and the tokenizer's `tokenize`, `detokenize`,
-    `token_texts`, `apply_chat_template`, `tokenizer_info` (for the OpenAI-compatible routes); Serve calls
-    `check_health`."""
+    `generate` (stream=True), `generate_whole` (unary: whole answers of several requests), `model_info`, `stats`,
+    and the tokenizer's `tokenize`, `detokenize`, `token_texts`, `apply_chat_template`,
+    `tokenizer_info` (for the OpenAI-compatible routes); Serve calls `check_health`."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None) -> None:
         cfg = EngineConfig(**engine_config)
@@ -82,6 +83,29 @@ class EngineWorker:
                                                                      req.shared_tokens)) as stream:
             async for chunk in stream:
                 yield chunk
+
+    async def generate_whole(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+        """Each request's whole answer (its deltas merged, the final chunk's totals), in order, from one unary call:
+        a non-streamed answer needs no streaming call per prompt (issue 24: each costs the proxy-less path a
+        generator on both sides and a message per delta). Cancelling the call (client gone) aborts every request
+        not yet finished, as closing `generate`'s stream does."""
+        tasks = [asyncio.ensure_future(self._whole(req)) for req in reqs]
+        try:
+            return await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:  # one failed or we were cancelled: none is left running unawaited
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _whole(self, req: GenerateRequest) -> GenerateChunk:
+        chunks: list[GenerateChunk] = []
+        async with contextlib.aclosing(self.generate(req)) as stream:
+            async for chunk in stream:
+                chunks.append(chunk)
+                if chunk.finished:
+                    break
+        # A scoring request's answer is one chunk already: nothing to merge.
+        return chunks[0] if len(chunks) == 1 else merge_outputs(chunks)
 
     async def model_info(self) -> ModelInfo:
         return self.info
