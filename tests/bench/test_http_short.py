@@ -85,3 +85,15 @@ def test_thread_cpu_is_split_by_thread_name() -> None:
     snap = serving_cpu.snapshot()
     assert snap.by_role["client"] > 0.2  # this process's own CPU, the spinning included
     assert serving_cpu.per_request_ms(snap.minus(serving_cpu.Snapshot()), 10, ["client"])["client"] > 20
+
+
+def test_in_a_thread_returns_and_raises() -> None:
+    assert http_short.in_a_thread(lambda: threading.current_thread().name) == "bench-engine"
+
+    def boom() -> None:
+        raise ValueError("x")
+
+    import pytest
+
+    with pytest.raises(ValueError):
+        http_short.in_a_thread(boom)
