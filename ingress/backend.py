@@ -57,6 +57,10 @@ class Backend(Protocol):
         """The text of in-vocabulary `ids`, special tokens included."""
         ...
 
+    async def detokenize_many(self, prompts: list[list[int]]) -> list[str]:
+        """`detokenize` of each of `prompts`, from one call."""
+        ...
+
     async def token_texts(self, ids: list[int]) -> list[str]:
         """Each in-vocabulary id decoded alone."""
         ...
@@ -71,7 +75,8 @@ class Backend(Protocol):
 
 class HandleBackend:
     """Backend over the worker deployment: `generate` (streaming), `generate_whole` (unary), `model_info`, `stats`
-    and the tokenizer's `tokenize`, `detokenize`, `token_texts`, `apply_chat_template`, `tokenizer_info`.
+    and the tokenizer's `tokenize`, `detokenize`, `detokenize_many`, `token_texts`, `apply_chat_template`,
+    `tokenizer_info`.
     Ray's errors for a lost replica become WorkerLost and Serve's BackPressureError becomes Overloaded
     (`_translated`)."""
 
@@ -133,6 +138,9 @@ class HandleBackend:
 
     async def detokenize(self, ids: list[int]) -> str:
         return await _call(self._worker.detokenize, ids)
+
+    async def detokenize_many(self, prompts: list[list[int]]) -> list[str]:
+        return await _call(self._worker.detokenize_many, prompts)
 
     async def token_texts(self, ids: list[int]) -> list[str]:
         return await _call(self._worker.token_texts, ids)

@@ -130,6 +130,10 @@ class EngineWorker:
         """The text of `ids`, special tokens included (the ingress checks ids against the vocabulary)."""
         return await asyncio.to_thread(self.tokenizer.decode, ids, skip_special_tokens=False)
 
+    async def detokenize_many(self, prompts: list[list[int]]) -> list[str]:
+        """`detokenize` of each prompt, in one call (a completions batch echoes every prompt sent as ids)."""
+        return await asyncio.to_thread(self.tokenizer.batch_decode, prompts, skip_special_tokens=False)
+
     async def token_texts(self, ids: list[int]) -> list[str]:
         """Each id decoded alone, special tokens included: OpenAI's per-token strings (`logprobs.tokens`)."""
         return await asyncio.to_thread(self.tokenizer.batch_decode, [[i] for i in ids], skip_special_tokens=False)

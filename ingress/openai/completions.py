@@ -91,7 +91,10 @@ class CompletionRoutes:
         if not settings.echo:
             return
         todo = [c for c, item in zip(choices, items, strict=True) if not isinstance(item, str)]
-        texts = await all_or_none(self._backend.detokenize(c.prompt_ids) for c in todo)
+        if not todo:
+            return
+        # One worker call for the whole batch (lm-eval sends 8 prompts as ids a request), not one per prompt.
+        texts = await self._backend.detokenize_many([c.prompt_ids for c in todo])
         for c, text in zip(todo, texts, strict=True):
             c.prompt_text = text
 
