@@ -86,8 +86,8 @@ class EngineWorker:
 
     async def generate_whole(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
         """Each request's whole answer (its deltas merged, the final chunk's totals), in order, from one unary call:
-        a non-streamed answer needs no streaming call per prompt (issue 24: each costs the proxy-less path a
-        generator on both sides and a message per delta). Cancelling the call (client gone) aborts every request
+        a non-streamed answer needs no streaming call per prompt (each costs a generator on both sides of the handle
+        and a message per delta: README, Performance). Cancelling the call (client gone) aborts every request
         not yet finished, as closing `generate`'s stream does."""
         tasks = [asyncio.ensure_future(self._whole(req)) for req in reqs]
         try:
