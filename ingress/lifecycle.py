@@ -98,6 +98,8 @@ class Batch:
         if self._streams:
             raise RuntimeError("a batch is opened once")
         check_limits(requests, self._settings)
+        if not requests:  # e.g. a completion that only echoes its prompt: nothing to ask a worker
+            return []
         wholes = await self._backend.answers(as_one_unit(requests, info))
         for whole in wholes:
             _check_whole(whole)
