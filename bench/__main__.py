@@ -12,8 +12,9 @@
 Workloads (default: all, in this order): long (1 long scoring, MFU, bf16, memory), short (2 many short scoring
 requests), mc (3 multiple choice with shared contexts), gen (4 generation), http (5 over HTTP: 400 short scoring
 requests by 16 / 64 clients and in batches of 8 with the CPU of each serving process, then workload 2's prompts on one
-and two workers; --http-part picks one). Every ratio comes from both sides run here, alternating, median of --reps repetitions. Prints one
-table and writes bench/results/<timestamp>.json and .md. llama.cpp (llama-cpp-python) joins when installed.
+and two workers; --http-part picks one). Every ratio comes from both sides run here, alternating, median of --reps
+repetitions. Prints one table and writes bench/results/<timestamp>.json and .md. llama.cpp (llama-cpp-python) joins
+when installed.
 """
 
 from __future__ import annotations
