@@ -13,9 +13,11 @@
     python -m bench tp [...]            tensor parallelism's per-step cost on CPU, N = 1, 2, 3 (bench/tp.py)
 
 Workloads (default: all, in this order): long (1 long scoring, MFU, bf16, memory), short (2 many short scoring
-requests), mc (3 multiple choice with shared contexts), gen (4 generation), http (5 over HTTP, one and two
-workers). Every ratio comes from both sides run here, alternating, median of --reps repetitions. Prints one
-table and writes bench/results/<timestamp>.json and .md. llama.cpp (llama-cpp-python) joins when installed.
+requests), mc (3 multiple choice with shared contexts), gen (4 generation), http (5 over HTTP: 400 short scoring
+requests by 16 / 64 clients and in batches of 8 with the CPU of each serving process, then workload 2's prompts on one
+and two workers; --http-part picks one). Every ratio comes from both sides run here, alternating, median of --reps
+repetitions. Prints one table and writes bench/results/<timestamp>.json and .md. llama.cpp (llama-cpp-python) joins
+when installed.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=2, help="torch threads, the same for every side")
     r.add_argument("--no-llamacpp", action="store_true", help="leave llama.cpp out even when installed")
     r.add_argument("--http-concurrency", type=int, default=32, help="concurrent HTTP clients in workload 5")
+    r.add_argument("--http-part", choices=("all", "short", "prompts"), default="all",
+                   help="workload 5's parts: the short requests (400 x 48 tokens), workload 2's prompts, or both")
     r.add_argument("--slow-budget", type=float, default=None,
                    help="seconds per repetition a very slow side (bf16 without CPU support) may take before it "
                         "is measured on a shorter prompt (default 20 quick, 60 full)")
@@ -81,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     settings = Settings(model=args.model, mode=mode, reps=args.reps, threads=args.threads,
                         use_llamacpp=not args.no_llamacpp, http_concurrency=args.http_concurrency,
-                        slow_side_budget_s=args.slow_budget or (60.0 if mode == "full" else 20.0))
+                        slow_side_budget_s=args.slow_budget or (60.0 if mode == "full" else 20.0),
+                        http_part=args.http_part)
     set_threads(settings.threads)
     from bench.context import Context
 

@@ -128,6 +128,8 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=300)
     parser.add_argument("--out", default="/tmp/rayscore-lm-eval")
     parser.add_argument("--batch-size", type=int, default=8, help="local-completions prompts per request")
+    parser.add_argument("--hf-batch-size", type=int, default=None,
+                        help="lm-eval's --batch_size for its hf backend (default: --batch-size, the same batches)")
     parser.add_argument("--num-concurrent", type=int, default=1)
     parser.add_argument("--tokenizer", choices=["remote", "local"], default="local")
     args = parser.parse_args()
@@ -139,11 +141,13 @@ def main() -> None:
     ours = run_lm_eval("local-completions", rayscore_args(args.base_url, model_path if args.tokenizer == "local"
                                                             else None, args.num_concurrent),
                        task_dir, out / "rayscore", batch_size=args.batch_size)
-    ref = run_lm_eval("hf", hf_args(model_path), task_dir, out / "hf")
+    hf_batch = args.batch_size if args.hf_batch_size is None else args.hf_batch_size
+    ref = run_lm_eval("hf", hf_args(model_path), task_dir, out / "hf", batch_size=hf_batch)
     report = {"questions": args.questions, "rayscore_wall_s": round(ours["wall_s"], 1),
               "hf_wall_s": round(ref["wall_s"], 1), **compare(ours, ref),
               "rayscore_args": rayscore_args(args.base_url, model_path if args.tokenizer == "local" else None,
-                                             args.num_concurrent), "batch_size": args.batch_size}
+                                             args.num_concurrent), "batch_size": args.batch_size,
+              "hf_batch_size": hf_batch}
     print(json.dumps(report, indent=2))
 
 

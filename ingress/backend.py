@@ -48,6 +48,13 @@ class Backend(Protocol):
         """
         ...
 
+    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+        """Each request's whole answer (its deltas merged), in order, from one call: what a non-streamed answer
+        needs. The answers are as the worker ended them (an `error` finish included; the caller checks).
+        Cancelling the awaiting task aborts every request in the worker; errors are translated as in `stream`.
+        """
+        ...
+
     async def ready(self) -> bool:
         """True when at least one worker answers; never raises."""
         ...
@@ -60,6 +67,10 @@ class Backend(Protocol):
 
     async def detokenize(self, ids: list[int]) -> str:
         """The text of in-vocabulary `ids`, special tokens included."""
+        ...
+
+    async def detokenize_many(self, prompts: list[list[int]]) -> list[str]:
+        """`detokenize` of each of `prompts`, from one call."""
         ...
 
     async def token_texts(self, ids: list[int]) -> list[str]:
@@ -86,9 +97,11 @@ class Backend(Protocol):
 
 
 class HandleBackend:
-    """Backend over the worker deployment: `generate` (streaming), `model_info`, `stats` and the tokenizer's
-    `tokenize`, `detokenize`, `token_texts`, `apply_chat_template`, `tokenizer_info`. Ray's errors for a lost
-    replica become WorkerLost and Serve's BackPressureError becomes Overloaded (`_translated`)."""
+    """Backend over the worker deployment: `generate` (streaming), `generate_whole` (unary), `model_info`, `stats`
+    and the tokenizer's `tokenize`, `detokenize`, `detokenize_many`, `token_texts`, `apply_chat_template`,
+    `tokenizer_info`.
+    Ray's errors for a lost replica become WorkerLost and Serve's BackPressureError becomes Overloaded
+    (`_translated`)."""
 
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
                  weights_registry: str | None = None) -> None:
@@ -128,11 +141,32 @@ class HandleBackend:
                 with contextlib.suppress(Exception):
                     response.cancel()
 
+    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+        # One unary call for all of them: a streaming call per prompt costs a generator on both sides of the
+        # handle and a message per delta, several times the CPU of a short scoring request's own answer.
+        response = None
+        try:
+            response = self._worker.generate_whole.remote(reqs)
+            answers: list[GenerateChunk] = await response
+            return answers
+        except asyncio.CancelledError:
+            # The client left (or the deadline passed): cancelling the call cancels the replica's task, which
+            # aborts every request it had not finished.
+            if response is not None:
+                with contextlib.suppress(Exception):
+                    response.cancel()
+            raise
+        except Exception as exc:
+            raise _translated(exc) from exc
+
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return await _call(self._worker.tokenize, text, add_special_tokens)
 
     async def detokenize(self, ids: list[int]) -> str:
         return await _call(self._worker.detokenize, ids)
+
+    async def detokenize_many(self, prompts: list[list[int]]) -> list[str]:
+        return await _call(self._worker.detokenize_many, prompts)
 
     async def token_texts(self, ids: list[int]) -> list[str]:
         return await _call(self._worker.token_texts, ids)

@@ -3,7 +3,9 @@
     route ── Lifecycle.run(request, work) ── work(batch) ─┬─ batch.open(requests)   one worker stream per prompt
                                                           ├─ await batch.firsts()   first chunks: the HTTP status
                                                           ├─ await batch.collect()  whole answers, in order
-                                                          └─ batch.stream(events)   or an SSE answer of rest()
+                                                          ├─ batch.stream(events)   or an SSE answer of rest()
+                                                          └─ await batch.answers(requests)  not streamed: one
+                                                                                  worker call, whole answers
 
 `run` owns what every request needs: the client's disconnect cancels the work (ClientGone, 499), typed
 errors (errors.py) become the API's error body, any other exception is a 503 (no worker could answer), and
@@ -90,6 +92,19 @@ class Batch:
         check_limits(requests, self._settings)
         self._streams = [self._backend.stream(req) for req in as_one_unit(requests, info)]
 
+    async def answers(self, requests: Sequence[GenerateRequest], info: ModelInfo) -> list[GenerateChunk]:
+        """`open` + `collect` in one worker call, for an answer that is not streamed: the same checks before any
+        work, the same whole answers in order, the same errors (the first failed answer's, in order)."""
+        if self._streams:
+            raise RuntimeError("a batch is opened once")
+        check_limits(requests, self._settings)
+        if not requests:  # e.g. a completion that only echoes its prompt: nothing to ask a worker
+            return []
+        wholes = await self._backend.answers(as_one_unit(requests, info))
+        for whole in wholes:
+            _check_whole(whole)
+        return wholes
+
     async def firsts(self) -> list[GenerateChunk]:
         """Each stream's first chunk, in order. No byte is out yet, so these decide the HTTP status even of
         a streamed answer: a worker's rejection raises InvalidRequest, its failure a ServerError or
@@ -170,7 +185,11 @@ async def _whole(first: GenerateChunk, stream: Stream) -> GenerateChunk:
             chunks.append(chunk)
             if chunk.finished:
                 break  # a stream that does not end after its final chunk must not hold the answer
-    whole = merge_outputs(chunks)
+    return _check_whole(merge_outputs(chunks))
+
+
+def _check_whole(whole: GenerateChunk) -> GenerateChunk:
+    """A whole answer, or the error it ended with (a stream that ended without its final chunk: Unavailable)."""
     if not whole.finished:
         raise Unavailable(WORKER_ENDED_EARLY)
     if (error := finish_error(whole.finish_reason)) is not None:

@@ -104,7 +104,8 @@ class PrefixIndex:
 
 
 class PrefixAwareRouter(RequestRouter):
-    """Routes `generate(GenerateRequest)` calls by the longest prefix of `input_ids` a replica was sent.
+    """Routes `generate(GenerateRequest)` (and `generate_whole([GenerateRequest, ...])`) calls by the longest
+    prefix of `input_ids` a replica was sent.
 
     No FIFOMixin on purpose: with it, the replica found for one request goes to the oldest pending request,
     whatever its prefix. Serve's base matching hands each choice to the request it was made for.
@@ -123,10 +124,15 @@ class PrefixAwareRouter(RequestRouter):
         self._index = PrefixIndex(max_blocks_per_replica)
 
     def _request_hashes(self, pending_request: PendingRequest | None) -> list[int]:
-        """Block hashes of a generate call's input_ids; [] for anything else (text prompts, stats, ...)."""
-        if pending_request is None or pending_request.metadata.call_method != "generate":
+        """Block hashes of a generate call's input_ids (a generate_whole call's: its first request's); [] for
+        anything else (text prompts, stats, ...)."""
+        if pending_request is None or not pending_request.args:
             return []
-        req = pending_request.args[0] if pending_request.args else None
+        method, req = pending_request.metadata.call_method, pending_request.args[0]
+        if method == "generate_whole" and isinstance(req, list) and req:
+            req = req[0]
+        elif method != "generate":
+            return []
         if not isinstance(req, GenerateRequest) or not req.input_ids:
             return []
         return block_hashes(req.input_ids, self._block_size)

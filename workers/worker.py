@@ -28,6 +28,7 @@ from workers.protocol import (
     TokenizerInfo,
     WorkerStats,
     error_chunk,
+    merge_outputs,
 )
 from workers.ranks import RankGroup
 from workers.replica import replica_label
@@ -39,9 +40,9 @@ log = logging.getLogger("ray.serve")
 
 class EngineWorker:
     """Serve deployment body (bound with options in deploy/app.py). Methods called through a handle:
-    `generate` (stream=True), `model_info`, `stats`, and the tokenizer's `tokenize`, `detokenize`,
-    `token_texts`, `apply_chat_template`, `tokenizer_info` (for the OpenAI-compatible routes); Serve calls
-    `check_health`."""
+    `generate` (stream=True), `generate_whole` (unary: whole answers of several requests), `model_info`, `stats`,
+    and the tokenizer's `tokenize`, `detokenize`, `token_texts`, `apply_chat_template`,
+    `tokenizer_info` (for the OpenAI-compatible routes); Serve calls `check_health`."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None,
                  weights_registry: str | None = None) -> None:
@@ -93,6 +94,29 @@ class EngineWorker:
             async for chunk in stream:
                 yield chunk
 
+    async def generate_whole(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+        """Each request's whole answer (its deltas merged, the final chunk's totals), in order, from one unary call:
+        a non-streamed answer needs no streaming call per prompt (each costs a generator on both sides of the handle
+        and a message per delta: README, Performance). Cancelling the call (client gone) aborts every request
+        not yet finished, as closing `generate`'s stream does."""
+        tasks = [asyncio.ensure_future(self._whole(req)) for req in reqs]
+        try:
+            return await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:  # one failed or we were cancelled: none is left running unawaited
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _whole(self, req: GenerateRequest) -> GenerateChunk:
+        chunks: list[GenerateChunk] = []
+        async with contextlib.aclosing(self.generate(req)) as stream:
+            async for chunk in stream:
+                chunks.append(chunk)
+                if chunk.finished:
+                    break
+        # A scoring request's answer is one chunk already: nothing to merge.
+        return chunks[0] if len(chunks) == 1 else merge_outputs(chunks)
+
     async def model_info(self) -> ModelInfo:
         return self.info
 
@@ -115,6 +139,10 @@ class EngineWorker:
     async def detokenize(self, ids: list[int]) -> str:
         """The text of `ids`, special tokens included (the ingress checks ids against the vocabulary)."""
         return await asyncio.to_thread(self.tokenizer.decode, ids, skip_special_tokens=False)
+
+    async def detokenize_many(self, prompts: list[list[int]]) -> list[str]:
+        """`detokenize` of each prompt, in one call (a completions batch echoes every prompt sent as ids)."""
+        return await asyncio.to_thread(self.tokenizer.batch_decode, prompts, skip_special_tokens=False)
 
     async def token_texts(self, ids: list[int]) -> list[str]:
         """Each id decoded alone, special tokens included: OpenAI's per-token strings (`logprobs.tokens`)."""

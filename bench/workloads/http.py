@@ -1,5 +1,6 @@
-"""Workload 5, over HTTP: workload 2's prompts sent by concurrent clients to a Serve deployment with one and with
-two workers, against the same prompts in-process (the cost of the Serve path), with p50/p99 latency.
+"""Workload 5, over HTTP: the short requests of http_short.py (issue 24), then workload 2's prompts sent by
+concurrent clients to a Serve deployment with one and with two workers,
+against the same prompts in-process (the cost of the Serve path), with p50/p99 latency.
 
 Starts its own local Ray in this process, deploys both apps side by side (idle workers cost no CPU) and
 alternates in-process / one worker / two workers. Workers keep their prefix caches, so every repetition
@@ -21,6 +22,7 @@ from bench import rayscore_side as rs
 from bench.context import Context
 from bench.harness import Side, alternate, max_abs_diff_requests, percentile
 from bench.report import Goal, Row
+from bench.workloads import http_short
 from bench.workloads.short_scoring import prompts
 
 NAME = "5 over HTTP"
@@ -80,9 +82,19 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
         serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"enable_access_log": False})
         base = dict(model=ctx.model, dtype="float32", device="cpu", kv_cache_mb=KV_CACHE_MB,
                     max_num_batched_tokens=2048, worker_num_cpus=1, ingress_num_cpus=0.2)
-        _deploy("w1", {**base, "num_workers": 1, "num_threads": s.threads})
-        _deploy("w2", {**base, "num_workers": 2, "num_threads": max(1, s.threads // 2)})
-        return _measure(ctx, f"http://127.0.0.1:{port}", sets, tokens)
+        url = f"http://127.0.0.1:{port}"
+        rows: list[Row] = []
+        details: dict[str, Any] = {}
+        if s.http_part in ("all", "short"):  # issue 24: one fresh worker per side, so each starts cold
+            for _, app, *_ in http_short.HTTP_SIDES:
+                _deploy(app, {**base, "num_workers": 1, "num_threads": s.threads})
+            rows, details["short"] = http_short.measure(ctx, url)
+        if s.http_part in ("all", "prompts"):
+            _deploy("w1", {**base, "num_workers": 1, "num_threads": s.threads})
+            _deploy("w2", {**base, "num_workers": 2, "num_threads": max(1, s.threads // 2)})
+            got, details["prompts"] = _measure(ctx, url, sets, tokens)
+            rows += got
+        return rows, details
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -57,7 +57,7 @@ def unbind(token: Token) -> None:
 
 class RecordingBackend:
     """A Backend that notes, in the current request's record, the model and the tokens of every worker
-    stream; everything else passes through to the wrapped backend unchanged."""
+    stream and answer; everything else passes through to the wrapped backend unchanged."""
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
@@ -83,6 +83,20 @@ class RecordingBackend:
         finally:
             # Closing this stream must close (and so abort) the worker's, as Backend.stream promises.
             await inner.aclose()
+
+    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+        record = _current.get()
+        if record is not None:
+            for req in reqs:
+                record.kind = "scoring" if req.params.max_tokens == 0 else "generation"
+        wholes = await self._backend.answers(reqs)
+        if record is not None:
+            for whole in wholes:
+                if whole.finished:
+                    record.prompt_tokens += whole.prompt_tokens
+                    record.completion_tokens += whole.completion_tokens
+                    record.finish_reason = whole.finish_reason.type if whole.finish_reason else ""
+        return wholes
 
     def __getattr__(self, name: str) -> Any:
         # ready, tokenize, detokenize, token_texts, tokenizer_info: nothing to record.

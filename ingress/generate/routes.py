@@ -33,19 +33,21 @@ class GenerateRoutes:
         return await self._lifecycle.run(request, lambda batch: self._generate(body, batch))
 
     async def _generate(self, body: GenerateBody, batch: Batch) -> Response:
-        """One prompt (the batch of one), or SGLang's batch: a list of prompts, one worker request each, so the
-        router spreads them and the prefix cache shares what they have in common."""
+        """One prompt (the batch of one), or SGLang's batch: a list of prompts, one worker request each, admitted
+        as one unit so the prefix cache shares what they have in common. Streamed, each is its own worker stream;
+        not streamed, all go in one unary worker call (Batch.answers), the cheapest way through Serve."""
         info = await self._backend.model_info()
         items = split_batch(body)
         if items is None:
             validate(body, info)
         else:
             validate_batch(items, info)
-        batch.open([to_request(item) for item in items or [body]], info)
-        firsts = await batch.firsts()
+        requests = [to_request(item) for item in items or [body]]
         if body.stream:
+            batch.open(requests, info)
+            firsts = await batch.firsts()
             return batch.stream(_events(firsts, batch, indexed=items is not None))
-        wholes = await batch.collect()
+        wholes = await batch.answers(requests, info)  # one unary worker call for the whole batch
         if items is None:
             return JSONAnswer(chunk_json(wholes[0]))
         return JSONAnswer([chunk_json(whole) for whole in wholes])

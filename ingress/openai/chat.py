@@ -121,13 +121,14 @@ class ChatRoutes:
 
         cid = f"chatcmpl-{current_request_id() or uuid.uuid4().hex}"
         head = (cid, int(time.time()), info.model_name)
-        batch.open([GenerateRequest(rid=cid, input_ids=prompt.ids,
-                                    params=replace(settings.params, max_tokens=max_tokens))], info)
+        params = replace(settings.params, max_tokens=max_tokens)
+        requests = [GenerateRequest(rid=cid, input_ids=prompt.ids, params=params)]
         choice = ChatChoice(prompt.ids, settings.logprobs)
-        firsts = await batch.firsts()
         if settings.stream:
+            batch.open(requests, info)
+            firsts = await batch.firsts()
             return batch.stream(self._events(head, choice, firsts, batch, settings.include_usage))
-        (whole,) = await batch.collect()
+        (whole,) = await batch.answers(requests, info)  # one unary worker call
         texts = await token_texts(self._backend, choice.needed_ids(whole))
         out = choice.render(whole, texts, stream=False)
         return JSONAnswer(completion_json(*head, [out], usage_json([choice]), obj="chat.completion"))

@@ -62,15 +62,18 @@ class CompletionRoutes:
         # Choice index -> worker request; an echo with nothing to compute sends none.
         requests = {i: req for i, ids in enumerate(ids_list)
                     if (req := prompt_request(f"{cid}-{i}", ids, settings)) is not None}
-        batch.open(list(requests.values()), info)
-        # The echoed text of prompts sent as ids is decoded while the first chunks come.
-        worker_firsts, _ = await all_or_none([batch.firsts(), self._prompt_texts(choices, items, settings)])
+        # The echoed text of prompts sent as ids is decoded while the worker answers.
+        echoed = self._prompt_texts(choices, items, settings)
+        if settings.stream:
+            batch.open(list(requests.values()), info)
+            worker_firsts, _ = await all_or_none([batch.firsts(), echoed])
+        else:  # one unary worker call for every prompt (Batch.answers)
+            worker_firsts, _ = await all_or_none([batch.answers(list(requests.values()), info), echoed])
         by_choice = dict(zip(requests, worker_firsts, strict=True))
         firsts = [by_choice.get(i) or echo_only_chunk(f"{i}", len(c.prompt_ids)) for i, c in enumerate(choices)]
         if settings.stream:
             return batch.stream(self._events(head, choices, firsts, list(requests), batch, settings))
-        by_choice = dict(zip(requests, await batch.collect(), strict=True))
-        wholes = [by_choice.get(i, first) for i, first in enumerate(firsts)]
+        wholes = firsts
         needed = set().union(*(c.needed_ids(w) for c, w in zip(choices, wholes, strict=True)))
         texts = await token_texts(self._backend, needed)
         out = [c.delta(w, texts) for c, w in zip(choices, wholes, strict=True)]
@@ -88,7 +91,10 @@ class CompletionRoutes:
         if not settings.echo:
             return
         todo = [c for c, item in zip(choices, items, strict=True) if not isinstance(item, str)]
-        texts = await all_or_none(self._backend.detokenize(c.prompt_ids) for c in todo)
+        if not todo:
+            return
+        # One worker call for the whole batch (lm-eval sends 8 prompts as ids a request), not one per prompt.
+        texts = await self._backend.detokenize_many([c.prompt_ids for c in todo])
         for c, text in zip(todo, texts, strict=True):
             c.prompt_text = text
 

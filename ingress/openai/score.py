@@ -128,11 +128,10 @@ class ScoreRoutes:
             check_prompt_len(i, ids, info)
         labels = body.label_token_ids or []
         sid = f"score-{current_request_id() or uuid.uuid4().hex}"
-        batch.open([label_request(f"{sid}-{i}-{j}", ids, t)
-                    for i, ids in enumerate(prompts) for j, t in enumerate(labels)], info)
-        await batch.firsts()
+        wholes = await batch.answers([label_request(f"{sid}-{i}-{j}", ids, t)  # one unary worker call
+                                      for i, ids in enumerate(prompts) for j, t in enumerate(labels)], info)
         # A label request scores exactly one row, so its input_token_logprobs is never None here.
-        rows = [whole.input_token_logprobs[0][0] for whole in await batch.collect()]  # type: ignore[index]
+        rows = [whole.input_token_logprobs[0][0] for whole in wholes]  # type: ignore[index]
         scores = [probabilities(rows[i * len(labels):(i + 1) * len(labels)], body.apply_softmax)
                   for i in range(len(prompts))]
         n = sum(len(ids) for ids in prompts)

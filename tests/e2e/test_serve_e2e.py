@@ -220,3 +220,32 @@ def test_scoring_same_cold_and_warm_over_http(url: str, smollm2_path) -> None:
     cached = [httpx.post(url + "/generate", json=score_body(ctx + ids_of(6, 300), 0), timeout=120).json()[
         "meta_info"]["cached_tokens"] for _ in range(3)]
     assert max(cached) >= 64, cached
+
+
+def test_a_batch_not_streamed_is_one_call_and_equals_its_stream(url: str, smollm2_path) -> None:
+    """A /generate batch without `stream` goes to the worker in one unary call (generate_whole): its answers are
+    those of the streamed batch (a generation's deltas merged), in order, and the scores equal transformers'."""
+    ctx = ids_of(40, 91)
+    endings = [ids_of(8, 400 + i) for i in range(3)]
+    batch = {"input_ids": [ctx + e for e in endings], "max_tokens": 0, "return_logprob": True,
+             "logprob_start_len": 39}
+    answers = httpx.post(url + "/generate", json=batch, timeout=120).json()
+    assert len(answers) == 3
+    for ids, answer in zip(batch["input_ids"], answers, strict=True):
+        rows = answer["meta_info"]["input_token_logprobs"]
+        assert [t for _, t in rows] == ids[40:]
+        expected = hf_scores(smollm2_path, ids, 39)
+        assert max(abs(v - e) for (v, _), e in zip(rows, expected, strict=True)) <= ATOL
+    gen = {"input_ids": [ctx, ctx + endings[0]], "max_tokens": 5, "temperature": 0, "return_logprob": True}
+    r = httpx.post(url + "/generate", json=gen, timeout=120)
+    assert r.status_code == 200, r.text
+    events = [e for e in sse_events(httpx.post(url + "/generate", json={**gen, "stream": True}, timeout=120))
+              if e != "[DONE]"]
+    for i, answer in enumerate(r.json()):
+        mine = [e for e in events if e["index"] == i]
+        assert answer["output_ids"] == [t for e in mine for t in e["output_ids"]]
+        assert answer["text"] == "".join(e["text"] for e in mine)
+        rows = answer["meta_info"]["output_token_logprobs"]
+        streamed = [r for e in mine for r in e["meta_info"]["output_token_logprobs"]]
+        assert len(rows) == 5 and [t for _, t in rows] == [t for _, t in streamed]
+        assert max(abs(a - b) for (a, _), (b, _) in zip(rows, streamed, strict=True)) <= ATOL  # cached or not

@@ -8,6 +8,7 @@ works is the end-to-end tests against a real local Ray cluster and real weights.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncGenerator, Callable, Iterable
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from ingress.app import build_fastapi_app
+from ingress.lifecycle import all_or_none
 from workers.protocol import (
     DEFAULT_WEIGHT_VERSION,
     FinishInfo,
@@ -23,6 +25,7 @@ from workers.protocol import (
     ModelInfo,
     WeightUpdate,
     WeightUpdateResult,
+    merge_outputs,
 )
 
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=512, logprobs_mode="raw_logprobs")
@@ -100,6 +103,22 @@ class FakeBackend:
             if not finished:
                 self.aborted.append(req.rid)
             raise
+
+    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+        """Each script played to its final chunk and merged, as the worker's generate_whole does; cancelled (the
+        client left), every script not finished is recorded as aborted."""
+        async def whole(req: GenerateRequest) -> GenerateChunk:
+            chunks: list[GenerateChunk] = []
+            async with contextlib.aclosing(self.stream(req)) as stream:
+                async for chunk in stream:
+                    chunks.append(chunk)
+                    if chunk.finished:
+                        break
+            if not chunks:
+                return GenerateChunk(rid=req.rid)  # a script with no final chunk: unfinished, as a lost stream
+            return merge_outputs(chunks)
+
+        return await all_or_none(whole(req) for req in reqs)
 
     async def ready(self) -> bool:
         return self.is_ready
@@ -231,6 +250,7 @@ class FakeHandle:
         self.model_info = FakeMethod([INFO])
         self.stats = FakeMethod([object()])
         self.generate = FakeMethod([])
+        self.generate_whole = FakeMethod([])
         self._streaming: FakeHandle | None = None
 
     def options(self, stream: bool = False) -> FakeHandle:

@@ -66,6 +66,9 @@ class Backend(FakeBackend):
     async def detokenize(self, ids: list[int]) -> str:
         return "".join(text_of(i) for i in ids)
 
+    async def detokenize_many(self, prompts: list[list[int]]) -> list[str]:
+        return [await self.detokenize(ids) for ids in prompts]
+
     async def token_texts(self, ids: list[int]) -> list[str]:
         self.token_text_calls += 1
         return [text_of(i) for i in ids]

@@ -83,6 +83,40 @@ async def test_worker_error_propagates_and_cancels():
     assert handle.options(stream=True).generate.responses[0].cancelled
 
 
+async def test_answers_are_one_unary_call_for_the_whole_batch():
+    handle = FakeHandle()
+    backend = HandleBackend(handle)
+    wholes = [chunks(1)[0], chunks(1)[0]]
+    handle.generate_whole = FakeMethod([wholes])
+    assert await backend.answers([REQ, REQ]) == wholes
+    assert len(handle.generate_whole.responses) == 1  # one call, not one per request
+    assert handle.options(stream=True).generate.responses == []  # and no stream
+    assert not handle.generate_whole.responses[0].cancelled
+
+
+async def test_cancelling_the_answers_cancels_the_worker_call():
+    handle = FakeHandle()
+    backend = HandleBackend(handle)
+    handle.generate_whole = FakeMethod([HANG])
+    task = asyncio.create_task(backend.answers([REQ]))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert handle.generate_whole.responses[0].cancelled
+
+
+async def test_answers_translate_a_lost_worker():
+    from ray.exceptions import ActorDiedError
+
+    from ingress.errors import WorkerLost
+
+    handle = FakeHandle()
+    handle.generate_whole = FakeMethod([ActorDiedError()])
+    with pytest.raises(WorkerLost):
+        await HandleBackend(handle).answers([REQ])
+
+
 async def test_ready():
     handle = FakeHandle()
     assert await HandleBackend(handle).ready() is True

@@ -205,3 +205,15 @@ async def test_text_prompts_and_other_methods_use_power_of_two() -> None:
                pending("generate", GenerateRequest(rid="s", input_ids=[1, 2, 3]))):  # under one block
         assert await route(router, pr) in ids
     assert all(router._index.num_blocks(r) == 0 for r in ids)
+
+
+async def test_a_whole_batch_call_follows_its_first_requests_prefix() -> None:
+    # Non-streamed answers go in one generate_whole call (a list of requests): it is routed by its first request's
+    # ids, to the same replica as a generate call with that prefix.
+    router, _ = make_router(3, block_size=BS)
+    ctx = toks(32, 7)
+    first = await route(router, pending("generate", GenerateRequest(rid="a", input_ids=ctx + toks(4, 1))))
+    batch = [GenerateRequest(rid=f"b{i}", input_ids=ctx + toks(4, 10 + i)) for i in range(4)]
+    assert router._request_hashes(pending("generate_whole", batch)) == block_hashes(batch[0].input_ids, BS)
+    assert await route(router, pending("generate_whole", batch)) == first
+    assert router._request_hashes(pending("generate_whole", [])) == []
