@@ -12,6 +12,8 @@ and the one merge of a stream's deltas.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from engine.outputs import CONCAT, DEFAULT_WEIGHT_VERSION, FinishReason, FinishType, merge_outputs
@@ -24,7 +26,7 @@ FinishInfo = FinishReason
 __all__ = [
     "DEFAULT_WEIGHT_VERSION", "ChatPrompt", "FinishInfo", "FinishType", "GenerateChunk", "GenerateRequest",
     "ModelInfo", "SamplingParams", "TokenizerInfo", "WEIGHTS_NAMESPACE", "WeightUpdate", "WeightUpdateResult",
-    "WorkerStats", "error_chunk", "merge_outputs",
+    "WorkerStats", "error_chunk", "merge_outputs", "until_finished",
 ]
 
 
@@ -189,3 +191,15 @@ def error_chunk(rid: str, message: str, code: int | None = None, after: Generate
         input_token_ids_logprobs=empty_like("input_token_ids_logprobs"),
         input_logprob_temperature=after.input_logprob_temperature if after else None,
         weight_version=after.weight_version if after else None)
+
+
+async def until_finished(stream: AsyncGenerator[GenerateChunk, None]) -> list[GenerateChunk]:
+    """A stream's chunks up to its final one, the stream closed after (which aborts a request left unfinished):
+    what a caller that wants the whole answer merges (the worker's generate_whole; the ingress tests' fake)."""
+    chunks: list[GenerateChunk] = []
+    async with contextlib.aclosing(stream) as s:
+        async for chunk in s:
+            chunks.append(chunk)
+            if chunk.finished:
+                break
+    return chunks

@@ -29,6 +29,7 @@ from workers.protocol import (
     WorkerStats,
     error_chunk,
     merge_outputs,
+    until_finished,
 )
 from workers.ranks import RankGroup
 from workers.replica import replica_label
@@ -108,12 +109,7 @@ class EngineWorker:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _whole(self, req: GenerateRequest) -> GenerateChunk:
-        chunks: list[GenerateChunk] = []
-        async with contextlib.aclosing(self.generate(req)) as stream:
-            async for chunk in stream:
-                chunks.append(chunk)
-                if chunk.finished:
-                    break
+        chunks = await until_finished(self.generate(req))
         # A scoring request's answer is one chunk already: nothing to merge.
         return chunks[0] if len(chunks) == 1 else merge_outputs(chunks)
 

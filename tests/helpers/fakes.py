@@ -8,7 +8,6 @@ works is the end-to-end tests against a real local Ray cluster and real weights.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncGenerator, Callable, Iterable
 from pathlib import Path
@@ -26,6 +25,7 @@ from workers.protocol import (
     WeightUpdate,
     WeightUpdateResult,
     merge_outputs,
+    until_finished,
 )
 
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=512, logprobs_mode="raw_logprobs")
@@ -108,12 +108,7 @@ class FakeBackend:
         """Each script played to its final chunk and merged, as the worker's generate_whole does; cancelled (the
         client left), every script not finished is recorded as aborted."""
         async def whole(req: GenerateRequest) -> GenerateChunk:
-            chunks: list[GenerateChunk] = []
-            async with contextlib.aclosing(self.stream(req)) as stream:
-                async for chunk in stream:
-                    chunks.append(chunk)
-                    if chunk.finished:
-                        break
+            chunks = await until_finished(self.stream(req))
             if not chunks:
                 return GenerateChunk(rid=req.rid)  # a script with no final chunk: unfinished, as a lost stream
             return merge_outputs(chunks)
