@@ -2,6 +2,8 @@
 
     python -m bench run [--quick] [--workload NAME ...] [--model PATH] [--reps N]
     python -m bench list
+    python -m bench http [run's options]  workload 5 alone: `run -w http` (short requests, streamed generation,
+                                        workload 2's prompts; --http-part picks one)
     python -m bench limits [...]        what the largest request costs a worker (bench/limits.py)
     python -m bench weight_update [...] what a weight update costs a worker (bench/weight_update.py)
     python -m bench reliability [...]   flood, worker kill, drain, abandon against a server (bench/reliability.py)
@@ -14,10 +16,10 @@
 
 Workloads (default: all, in this order): long (1 long scoring, MFU, bf16, memory), short (2 many short scoring
 requests), mc (3 multiple choice with shared contexts), gen (4 generation), http (5 over HTTP: 400 short scoring
-requests by 16 / 64 clients and in batches of 8 with the CPU of each serving process, then workload 2's prompts on one
-and two workers; --http-part picks one). Every ratio comes from both sides run here, alternating, median of --reps
-repetitions. Prints one table and writes bench/results/<timestamp>.json and .md. llama.cpp (llama-cpp-python) joins
-when installed.
+requests by 16 / 64 clients and in batches of 8 with the CPU of each serving process and its stages, streamed
+generation by 16 clients, then workload 2's prompts on one and two workers; --http-part picks one). Every ratio
+comes from both sides run here, alternating, median of --reps repetitions. Prints one table and writes
+bench/results/<timestamp>.json and .md. llama.cpp (llama-cpp-python) joins when installed.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=2, help="torch threads, the same for every side")
     r.add_argument("--no-llamacpp", action="store_true", help="leave llama.cpp out even when installed")
     r.add_argument("--http-concurrency", type=int, default=32, help="concurrent HTTP clients in workload 5")
-    r.add_argument("--http-part", choices=("all", "short", "prompts"), default="all",
-                   help="workload 5's parts: the short requests (400 x 48 tokens), workload 2's prompts, or both")
+    r.add_argument("--http-part", choices=("all", "short", "stream", "prompts"), default="all",
+                   help="workload 5's parts: the short requests (400 x 48 tokens), streamed generation (64 x 32 "
+                        "tokens), workload 2's prompts, or all three")
     r.add_argument("--slow-budget", type=float, default=None,
                    help="seconds per repetition a very slow side (bf16 without CPU support) may take before it "
                         "is measured on a shorter prompt (default 20 quick, 60 full)")
@@ -69,6 +72,8 @@ _TOOLS = {"limits": "bench.limits", "reliability": "bench.reliability", "invaria
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "http":  # the issue's name for workload 5: `run -w http` with run's options
+        argv = ["run", "-w", "http", *argv[1:]]
     if argv and argv[0] in _TOOLS:
         import importlib
 

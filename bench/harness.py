@@ -31,7 +31,8 @@ class Settings:
     http_concurrency: int
     # Per-repetition time a slow side may take before it is measured on a smaller input instead (seconds).
     slow_side_budget_s: float
-    # Workload 5's parts: "short" (http_short.py), "prompts" (workload 2's prompts) or "all".
+    # Workload 5's parts: "short" (http_short.py), "stream" (http_stream.py), "prompts" (workload 2's prompts) or
+    # "all".
     http_part: str = "all"
 
     def size(self, full: Any, quick: Any, smoke: Any) -> Any:

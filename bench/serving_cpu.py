@@ -92,3 +92,14 @@ def per_request_ms(delta: Snapshot, requests: int, roles: Iterable[str] | None =
     """CPU milliseconds per request of each role (all roles when None)."""
     keys = list(roles) if roles is not None else list(delta.by_role)
     return {k: 1e3 * delta.by_role.get(k, 0.0) / requests for k in keys}
+
+
+def pids(app: str, roles: Iterable[str] = ("proxy", "ingress", "worker")) -> dict[str, int]:
+    """role -> pid of this process tree's serving processes for `app` (the first found of each role)."""
+    wanted = set(roles)
+    out: dict[str, int] = {}
+    for proc in psutil.Process().children(recursive=True):
+        role = role_of(_title(proc), app)
+        if role in wanted and role not in out:
+            out[role] = proc.pid
+    return out

@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ingress.coalesce import Coalescer
 from ingress.errors import Overloaded, WorkerLost, worker_failed
 from workers.protocol import (
     DEFAULT_WEIGHT_VERSION,
@@ -104,8 +105,11 @@ class HandleBackend:
     (`_translated`)."""
 
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
-                 weights_registry: str | None = None) -> None:
+                 weights_registry: str | None = None, coalesce_max_in_flight: int = 0,
+                 coalesce_max_tokens: int = 2048) -> None:
         self._worker = worker
+        # Concurrent short scoring calls merged into one worker call under load (coalesce.py).
+        self.coalescer = Coalescer(self._whole_call, coalesce_max_in_flight, coalesce_max_tokens)
         # The worker deployment's weight registry (a Ray actor named per deploy, created by the first worker).
         self._weights_registry = weights_registry
         self._stream_worker = worker.options(stream=True)
@@ -142,6 +146,9 @@ class HandleBackend:
                     response.cancel()
 
     async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+        return await self.coalescer.answers(reqs)
+
+    async def _whole_call(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
         # One unary call for all of them: a streaming call per prompt costs a generator on both sides of the
         # handle and a message per delta, several times the CPU of a short scoring request's own answer.
         response = None

@@ -77,7 +77,9 @@ class Ingress:
         # Keys from $RAYSCORE_API_KEYS are read here, where the ingress runs, and never leave this process.
         # Raising here fails the deployment: a server reachable from other machines without keys never starts.
         self._settings = with_keys(settings or IngressSettings(), os.environ, serve_http_host(), allow_unauthenticated)
-        self._backend = HandleBackend(worker, ready_timeout_s=ready_timeout_s, weights_registry=weights_registry)
+        self._backend = HandleBackend(worker, ready_timeout_s=ready_timeout_s, weights_registry=weights_registry,
+                                      coalesce_max_in_flight=self._settings.coalesce_max_in_flight,
+                                      coalesce_max_tokens=self._settings.coalesce_max_tokens)
         metric = Counter("rayscore_retries_total",
                          description="Requests run again because their worker was lost before any byte was sent.")
         self._retries = RetryCounter(on_retry=metric.inc)

@@ -44,6 +44,13 @@ class IngressSettings:
     retry_deadline_s: float = _doc(60.0, "A request whose worker died before any byte was sent runs again on "
                                    "another (or the replacement) worker for up to this long after the failure; "
                                    "0: never.")
+    # coalesce.py: a short request's worker call costs as much serving CPU as its engine share on a GPU.
+    coalesce_max_in_flight: int = _doc(8, "Non-streamed worker calls one ingress replica has out at once before the "
+                                       "scoring requests (max_tokens 0, token ids) that arrive meanwhile are sent "
+                                       "together as one call. Keep it at least twice the most workers (fewer calls "
+                                       "than workers leave some idle); 0: every request its own call.")
+    coalesce_max_tokens: int = _doc(2048, "Most prompt tokens in one coalesced worker call; a scoring request "
+                                    "larger than this is sent alone.")
     # Accepted bearer keys; empty: no authentication (edge/auth.py). Kept out of repr: settings may be logged.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # Keys the admin routes (weight updates, cache flush) take; a plain api_key never opens them (edge/auth.py).
@@ -60,5 +67,8 @@ class IngressSettings:
             raise ValueError(f"body_timeout_s must be positive and finite, got {self.body_timeout_s}")
         if self.request_timeout_s is not None and self.request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be positive or None, got {self.request_timeout_s}")
+        if self.coalesce_max_in_flight < 0 or self.coalesce_max_tokens <= 0:
+            raise ValueError("coalesce_max_in_flight must be non-negative and coalesce_max_tokens positive, got "
+                             f"{self.coalesce_max_in_flight} and {self.coalesce_max_tokens}")
         if self.retry_deadline_s < 0:
             raise ValueError(f"retry_deadline_s must be non-negative, got {self.retry_deadline_s}")

@@ -167,6 +167,10 @@ class WorkerStats:
     stalled_s: float = 0.0
     # The weights this replica serves (POST /update_weights_from_disk).
     weight_version: str = DEFAULT_WEIGHT_VERSION
+    # Unary calls (generate_whole) served and the requests they held: under load the ingress coalesces concurrent
+    # scoring requests into one call (ingress/coalesce.py), so requests / calls is how much it did.
+    whole_calls: int = 0
+    whole_requests: int = 0
 
 
 def error_chunk(rid: str, message: str, code: int | None = None, after: GenerateChunk | None = None) -> GenerateChunk:

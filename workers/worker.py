@@ -61,6 +61,7 @@ class EngineWorker:
                               kv_capacity_tokens=eng.kv.pool.num_blocks * cfg.block_size,
                               max_queued_requests=cfg.max_queued_requests, max_queued_tokens=cfg.max_queued_tokens)
         self.tokenizer = eng.tokenizer
+        self._whole_calls = self._whole_requests = 0  # generate_whole's calls and the requests they held (stats)
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())
         self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
         # Weight updates (weight_sync.py): the recorded weights are loaded before this replica serves.
@@ -100,6 +101,8 @@ class EngineWorker:
         a non-streamed answer needs no streaming call per prompt (each costs a generator on both sides of the handle
         and a message per delta: README, Performance). Cancelling the call (client gone) aborts every request
         not yet finished, as closing `generate`'s stream does."""
+        self._whole_calls += 1
+        self._whole_requests += len(reqs)
         tasks = [asyncio.ensure_future(self._whole(req)) for req in reqs]
         try:
             return await asyncio.gather(*tasks)
@@ -177,7 +180,7 @@ class EngineWorker:
             chat_template=text("chat_template"))
 
     async def stats(self) -> WorkerStats:
-        return worker_stats(self.engine)
+        return worker_stats(self.engine, self._whole_calls, self._whole_requests)
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metrics hook: this worker's token load (workers/autoscaling.py)."""

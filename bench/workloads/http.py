@@ -1,4 +1,5 @@
-"""Workload 5, over HTTP: the short requests of http_short.py (issue 24), then workload 2's prompts sent by
+"""Workload 5, over HTTP: the short requests of http_short.py and the streamed generation of http_stream.py (issue
+24), then workload 2's prompts sent by
 concurrent clients to a Serve deployment with one and with two workers,
 against the same prompts in-process (the cost of the Serve path), with p50/p99 latency.
 
@@ -22,7 +23,7 @@ from bench import rayscore_side as rs
 from bench.context import Context
 from bench.harness import Side, alternate, max_abs_diff_requests, percentile
 from bench.report import Goal, Row
-from bench.workloads import http_short
+from bench.workloads import http_short, http_stream
 from bench.workloads.short_scoring import prompts
 
 NAME = "5 over HTTP"
@@ -89,6 +90,13 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
             for _, app, *_ in http_short.HTTP_SIDES:
                 _deploy(app, {**base, "num_workers": 1, "num_threads": s.threads})
             rows, details["short"] = http_short.measure(ctx, url)
+            for _, app, *_ in http_short.HTTP_SIDES:  # their CPUs and memory go to the next part's apps
+                serve.delete(app)
+        if s.http_part in ("all", "stream"):  # streamed generation, its own fresh worker
+            _deploy(http_stream.APP, {**base, "num_workers": 1, "num_threads": s.threads})
+            got, details["stream"] = http_stream.measure(ctx, url)
+            rows += got
+            serve.delete(http_stream.APP)
         if s.http_part in ("all", "prompts"):
             _deploy("w1", {**base, "num_workers": 1, "num_threads": s.threads})
             _deploy("w2", {**base, "num_workers": 2, "num_threads": max(1, s.threads // 2)})

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import httpx
 
 from bench import rayscore_side as rs
-from bench import serving_cpu
+from bench import serving_cpu, stages
 from bench.context import Context
 from bench.harness import Side, alternate, max_abs_diff_requests
 from bench.report import Goal, Row
@@ -105,7 +105,7 @@ def measure(ctx: Context, url: str) -> tuple[list[Row], dict[str, Any]]:
     """The workload against apps already deployed under `url` (HttpSides' apps, one worker each)."""
     s = ctx.settings
     contexts = s.size(100, 25, 2)
-    sets = [prompts(ctx.prompts, contexts, seed=2401 + k) for k in range(s.reps + 1)]
+    sets = [prompts(ctx.prompts, contexts, seed=2401 + k) for k in range(s.reps + 2)]  # the last: the profile's
     eng = rs.FreshEngine(lambda: rs.make_engine(ctx.model, s.threads, kv_cache_bytes=256 * 2**20,
                                                 max_num_batched_tokens=2048))
     names = ["in-process", *(side for side, *_ in HTTP_SIDES)]
@@ -149,10 +149,15 @@ def measure(ctx: Context, url: str) -> tuple[list[Row], dict[str, Any]]:
         split = ", ".join(f"{r} {ms[side].get(r, 0):.1f}" for r in (*SERVING, "client"))
         rows.append(Row(NAME, f"CPU-ms per request, serving processes, {side[5:]} ({split})", "ms",
                         sum(ms[side].get(r, 0) for r in SERVING), "in-process engine", ms["in-process"]["client"]))
+    # Where the 16-client side's CPU goes, by stage: one more repetition, untimed, under py-spy.
+    side, app, clients, per = HTTP_SIDES[0]
+    split, why = stages.profile(app, n, lambda: asyncio.run(send(f"{url}/{app}", sets[-1], clients, per)))
+    rows += stages.rows(NAME, f"{side[5:]}, per request", split, why)
     rows.append(Row(NAME, "max |logprob over HTTP − in-process|, short requests", "", diff))
     details = {"requests": n, "seconds": t.seconds, "spread": t.summary(), "requests_per_s": rps,
                "cpu_ms_per_request": ms, "worker_threads_ms_per_request": {
-                   k: _threads_ms(cpu[k], n) for k in names if k != "in-process"}, "max_abs_diff": diff}
+                   k: _threads_ms(cpu[k], n) for k in names if k != "in-process"}, "max_abs_diff": diff,
+               "stages_ms_per_request": split, "stages_error": why}
     return rows, details
 
 

@@ -249,3 +249,30 @@ def test_a_batch_not_streamed_is_one_call_and_equals_its_stream(url: str, smollm
         streamed = [r for e in mine for r in e["meta_info"]["output_token_logprobs"]]
         assert len(rows) == 5 and [t for _, t in rows] == [t for _, t in streamed]
         assert max(abs(a - b) for (a, _), (b, _) in zip(rows, streamed, strict=True)) <= ATOL  # cached or not
+
+
+def test_concurrent_single_scoring_requests_coalesce_and_stay_exact(url: str, smollm2_path) -> None:
+    """48 concurrent one-prompt scoring requests, 6x the ingress's coalesce_max_in_flight (8): the ones that arrive
+    while 8 calls are out go to the workers together (ingress/coalesce.py), fewer worker calls than requests, and
+    every answer is its own prompt's rows, equal to transformers."""
+    before = worker_stats(APP, samples=48)
+    prompts = [(ids_of(24 + i % 9, 700 + i), i % 5) for i in range(48)]
+
+    async def send_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=300) as client:
+            return await asyncio.gather(*(client.post(url + "/generate", json=score_body(ids, n))
+                                          for ids, n in prompts))
+
+    responses = asyncio.run(send_all())
+    for (ids, n), r in zip(prompts, responses, strict=True):
+        assert r.status_code == 200, r.text
+        rows = r.json()["meta_info"]["input_token_logprobs"]
+        assert [t for _, t in rows] == ids[n + 1:]
+        expected = hf_scores(smollm2_path, ids, n)
+        assert max(abs(v - e) for (v, _), e in zip(rows, expected, strict=True)) <= ATOL
+    after = worker_stats(APP, samples=48)
+    assert set(after) == set(before)
+    calls = sum(after[p].whole_calls - before[p].whole_calls for p in before)
+    held = sum(after[p].whole_requests - before[p].whole_requests for p in before)
+    assert held == len(prompts)
+    assert calls < len(prompts), (calls, held)
