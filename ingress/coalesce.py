@@ -2,9 +2,9 @@
 
 Each unary worker call costs the ingress and the worker a few CPU-milliseconds of Ray Serve's own machinery
 (routing, the actor call, its metrics), as much as a 48-token request's share of a batched engine step costs on a
-GPU. So once `max_in_flight` calls are out, the scoring requests that arrive meanwhile wait here and go as one call
-when a call returns: under load a worker gets few large calls, and an idle server answers a lone request at once,
-with no added wait.
+GPU. So once `max_in_flight` calls of such requests are out, the ones that arrive meanwhile wait here and go as one
+call when one of those returns: under load a worker gets few large calls, and an idle server answers a lone request
+at once, with no added wait.
 
 Only scoring (max_tokens 0) of token ids coalesces, at most `max_tokens` prompt tokens in one call: a coalesced
 call is cancelled only when every request in it is gone (its client left or its deadline passed), so what a
@@ -44,8 +44,9 @@ class _Group:
 class Coalescer:
     """`answers(reqs)` as `call(reqs)` would answer, with concurrent small scoring calls merged (see module doc).
 
-    `max_in_flight`: calls out at once before arrivals wait and coalesce (0: never coalesce). `max_tokens`: most
-    prompt tokens of one coalesced call (and of a request that may coalesce)."""
+    `max_in_flight`: calls of small scoring requests out at once before such arrivals wait and coalesce (0: never
+    coalesce); other calls go at once and hold no slot. `max_tokens`: most prompt tokens of one coalesced call (and
+    of a request that may coalesce)."""
 
     def __init__(self, call: Call, max_in_flight: int, max_tokens: int) -> None:
         self._call = call
@@ -67,8 +68,12 @@ class Coalescer:
 
     async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
         tokens = self._tokens(reqs)
-        if self._max_in_flight <= 0 or tokens is None or tokens > self._max_tokens or (
-                self._in_flight < self._max_in_flight and not self._queue):
+        if self._max_in_flight <= 0 or tokens is None or tokens > self._max_tokens:
+            # Not a slot holder either: a long generation must never hold short scoring requests here (they
+            # would wait for it in the ingress while the engine could batch them at once).
+            self.calls += 1
+            return await self._call(reqs)
+        if self._in_flight < self._max_in_flight and not self._queue:
             return await self._alone(reqs)
         waiter = _Waiter(reqs, asyncio.get_running_loop().create_future())
         self._queue.append(waiter)

@@ -32,9 +32,13 @@ START = CONTEXT_TOKENS - 1  # rows of the ending only, as lm-eval asks for a con
 BATCH = 8
 BATCH_CLIENTS = 4
 # (side, app, concurrent clients, prompts per HTTP request)
-HTTP_SIDES = (("http 16 clients", "s16", 16, 1), ("http 64 clients", "s64", 64, 1),
+HTTP_SIDES = (("http 16 clients", "s16", 16, 1), ("http 16 clients, coalescing off", "s16off", 16, 1),
+              ("http 64 clients", "s64", 64, 1),
               (f"http batches of {BATCH}", "sb8", BATCH_CLIENTS, BATCH))
 SERVING = ("proxy", "ingress", "worker")
+# Deploy args of an app beyond the common ones: the same 16 clients with every request its own worker call (the
+# code before ingress/coalesce.py), side by side in the same run.
+APP_ARGS: dict[str, dict[str, Any]] = {"s16off": {"coalesce_max_in_flight": 0}}
 
 
 def prompts(source: Any, contexts: int, seed: int) -> list[list[int]]:
@@ -112,14 +116,20 @@ def measure(ctx: Context, url: str) -> tuple[list[Row], dict[str, Any]]:
     calls = dict.fromkeys(names, 0)
     cpu: dict[str, list[serving_cpu.Snapshot]] = {n: [] for n in names}
 
+    per_call: dict[str, list[float]] = {n: [] for n in names}
+
     def timed(name: str, app: str | None, go: Callable[[list[list[int]]], list[list[float]]]) -> Side:
         def run() -> list[list[float]]:
             k = calls[name]
             calls[name] += 1
             before = serving_cpu.snapshot(app)
+            held = None if app is None else _whole_counts(app)
             rows = go(sets[k])
             if k > 0:
                 cpu[name].append(serving_cpu.snapshot(app).minus(before))
+                if held is not None:
+                    now = _whole_counts(app)
+                    per_call[name].append((now[1] - held[1]) / max(1, now[0] - held[0]))
             return rows
         return Side(run, fresh_engine if app is None else None)
 
@@ -140,25 +150,38 @@ def measure(ctx: Context, url: str) -> tuple[list[Row], dict[str, Any]]:
     ms = {k: _cpu_ms(cpu[k], n) for k in names}
     diff = max(max_abs_diff_requests(t.warmup[side], t.warmup["in-process"]) for side, *_ in HTTP_SIDES)
     rows = []
-    for side, _, clients, per in HTTP_SIDES:
+    for side, app, clients, per in HTTP_SIDES:
         what = f"{clients} clients" if per == 1 else f"batches of {per}, {clients} clients"
+        what += ", coalescing off" if app in APP_ARGS else ""
         rows.append(Row(NAME, f"requests/s, {n} x {CONTEXT_TOKENS + ENDING_TOKENS} tokens, {what}", "req/s",
                         rps[side], f"in-process, batches of {BATCH}", rps["in-process"], Goal(">=", 0.9),
                         t.noise(side, "in-process")))
     for side, *_ in HTTP_SIDES:
         split = ", ".join(f"{r} {ms[side].get(r, 0):.1f}" for r in (*SERVING, "client"))
+        split += f"; {statistics.median(per_call[side]):.1f} prompts per worker call" if per_call[side] else ""
         rows.append(Row(NAME, f"CPU-ms per request, serving processes, {side[5:]} ({split})", "ms",
                         sum(ms[side].get(r, 0) for r in SERVING), "in-process engine", ms["in-process"]["client"]))
-    # Where the 16-client side's CPU goes, by stage: one more repetition, untimed, under py-spy.
-    side, app, clients, per = HTTP_SIDES[0]
-    split, why = stages.profile(app, n, lambda: asyncio.run(send(f"{url}/{app}", sets[-1], clients, per)))
-    rows += stages.rows(NAME, f"{side[5:]}, per request", split, why)
+    # Where the 16-client sides' CPU goes, by stage: one more repetition each, untimed, under py-spy.
+    split: dict[str, dict[str, dict[str, float]]] = {}
+    why: dict[str, str | None] = {}
+    for side, app, clients, per in HTTP_SIDES[:2]:
+        split[side], why[side] = stages.profile(app, n, lambda a=app, c=clients, p=per: asyncio.run(
+            send(f"{url}/{a}", sets[-1], c, p)))
+        rows += stages.rows(NAME, f"{side[5:]}, per request", split[side], why[side])
     rows.append(Row(NAME, "max |logprob over HTTP − in-process|, short requests", "", diff))
     details = {"requests": n, "seconds": t.seconds, "spread": t.summary(), "requests_per_s": rps,
-               "cpu_ms_per_request": ms, "worker_threads_ms_per_request": {
+               "cpu_ms_per_request": ms, "prompts_per_worker_call": per_call, "worker_threads_ms_per_request": {
                    k: _threads_ms(cpu[k], n) for k in names if k != "in-process"}, "max_abs_diff": diff,
                "stages_ms_per_request": split, "stages_error": why}
     return rows, details
+
+
+def _whole_counts(app: str) -> tuple[int, int]:
+    """The app's (one) worker's unary calls so far and the prompts they held (ingress/coalesce.py merges them)."""
+    from ray import serve
+
+    st = serve.get_deployment_handle("EngineWorker", app_name=app).stats.remote().result(timeout_s=60)
+    return st.whole_calls, st.whole_requests
 
 
 def _cpu_ms(snaps: list[serving_cpu.Snapshot], requests: int) -> dict[str, float]:

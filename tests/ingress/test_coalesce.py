@@ -198,3 +198,20 @@ def test_a_failed_call_fails_each_of_its_callers() -> None:
         assert co._in_flight == 0
 
     asyncio.run(main())
+
+
+def test_a_long_call_holds_no_slot() -> None:
+    """Generations in flight never make a scoring request wait: only small scoring calls take the slots."""
+    async def main() -> None:
+        call = HeldCall()
+        co = Coalescer(call, max_in_flight=1, max_tokens=2048)
+        gen = GenerateRequest(rid="g", input_ids=[1, 2, 3], params=SamplingParams(max_tokens=500))
+        long = asyncio.ensure_future(co.answers([gen]))
+        await settle()
+        short = asyncio.ensure_future(co.answers([scoring("s")]))
+        await settle()
+        assert call.calls == [["g"], ["s"]]
+        call.release.set()
+        await asyncio.gather(long, short)
+
+    asyncio.run(main())
