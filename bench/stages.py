@@ -4,7 +4,8 @@ same repetition) split in proportion (issue 24's per-stage breakdown).
 
 A stack's stage is the first rule that matches a frame, reading from the innermost frame out: pickling inside a
 handle call counts as pickling, JSON inside rendering as rendering. A worker's engine thread is one stage whatever
-it runs (its frames are the engine's own). Stacks parked in Ray's blocking task loop are a sleeping main thread
+it runs, its CPU read from its OS threads (torch's compute threads run native code py-spy never samples); the rest
+of the worker is split by its other samples. Stacks parked in Ray's blocking task loop are a sleeping main thread
 that py-spy cannot tell from a running one, and are dropped.
 
 py-spy (pinned in the dev extras) needs ptrace rights on the replicas (root, or ptrace_scope 0); without them
@@ -31,6 +32,7 @@ T = TypeVar("T")
 # (stage, fragments of a frame's "function (file:line)"): the first rule with a fragment in a frame, innermost frame
 # first, names the stack's stage.
 ENGINE_THREAD = "engine thread"
+ENGINE_THREAD_OS_NAME = "rayscore-engine"  # engine/async_engine.py names it; torch's threads it starts inherit it
 ENGINE_ROOT = "AsyncEngine._loop ("  # the engine thread's outermost rayscore frame
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("carrier pickling", ("pickle", "serialization.py", "msgpack", "cloudpickle")),
@@ -129,10 +131,21 @@ def profiled(pids: dict[str, int], seconds: float, go: Callable[[], T], rate: in
     return result, splits, ("; ".join(errors) or None)
 
 
-def per_stage_ms(splits: dict[str, Split], ms: dict[str, float]) -> dict[str, dict[str, float]]:
-    """role -> stage -> CPU-ms per unit: each role's CPU-ms per unit (`ms`) split as its samples are."""
-    return {role: {stage: ms.get(role, 0.0) * f for stage, f in split.share().items()}
-            for role, split in splits.items()}
+def per_stage_ms(splits: dict[str, Split], ms: dict[str, float], engine_ms: float | None = None
+                 ) -> dict[str, dict[str, float]]:
+    """role -> stage -> CPU-ms per unit: each role's CPU-ms per unit (`ms`) split as its samples are. The worker's
+    engine thread is `engine_ms` when given (its OS threads' CPU: torch's compute threads run native code that
+    py-spy does not sample, so samples undercount it), and the rest of the worker is split by its other samples."""
+    out: dict[str, dict[str, float]] = {}
+    for role, split in splits.items():
+        total = ms.get(role, 0.0)
+        if role == "worker" and engine_ms is not None:
+            rest = Split(Counter({k: v for k, v in split.samples.items() if k != ENGINE_THREAD}))
+            out[role] = {ENGINE_THREAD: engine_ms,
+                         **{stage: max(0.0, total - engine_ms) * f for stage, f in rest.share().items()}}
+        else:
+            out[role] = {stage: total * f for stage, f in split.share().items()}
+    return out
 
 
 def describe(stage_ms: dict[str, float], floor: float = 0.05) -> str:
@@ -144,8 +157,10 @@ def profile(app: str, units: int, go: Callable[[], object]) -> tuple[dict[str, d
     there is no split). `units`: the requests (or tokens) go() serves."""
     before = serving_cpu.snapshot(app)
     _, splits, why = profiled(serving_cpu.pids(app, ROLES), 900, go)
-    ms = serving_cpu.per_request_ms(serving_cpu.snapshot(app).minus(before), units, ROLES)
-    return per_stage_ms(splits, ms), why
+    delta = serving_cpu.snapshot(app).minus(before)
+    ms = serving_cpu.per_request_ms(delta, units, ROLES)
+    engine_ms = 1e3 * delta.worker_threads.get(ENGINE_THREAD_OS_NAME, 0.0) / units
+    return per_stage_ms(splits, ms, engine_ms), why
 
 
 def rows(name: str, what: str, split: dict[str, dict[str, float]], why: str | None) -> list[Row]:
