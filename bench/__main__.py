@@ -4,15 +4,17 @@
     python -m bench list
     python -m bench http [run's options]  workload 5 alone: `run -w http` (short requests, streamed generation,
                                         workload 2's prompts; --http-part picks one)
-    python -m bench limits [...]        what the largest request costs a worker (bench/limits.py)
-    python -m bench weight_update [...] what a weight update costs a worker (bench/weight_update.py)
-    python -m bench reliability [...]   flood, worker kill, drain, abandon against a server (bench/reliability.py)
-    python -m bench invariant [...]     batch-invariant mode against the default, workloads 1-3 (bench/invariant.py)
-    python -m bench invariant_device    the mode's checks and bits on this device, CUDA too (bench/invariant_device.py)
-    python -m bench long_prefill [...]  a short request during a long prefill, per threshold (bench/long_prefill.py)
-    python -m bench families [...]      Qwen3- and MoE-shaped random weights against transformers (bench/families.py)
-    python -m bench cuda_check [...]    the prepared GPU run: float32 exactness, 8B bf16 MFU (bench/cuda_check.py)
-    python -m bench tp [...]            tensor parallelism's per-step cost on CPU, N = 1, 2, 3 (bench/tp.py)
+    python -m bench <tool> [...]        one of the tools below, each with its own --help
+
+Tools, by folder (bench/lib/ holds the harness, timing and reports; bench/workloads/ the five workloads):
+  features/    limits (the largest request's cost), weight_update (a weight update's cost), long_prefill (a short
+               request during a long prefill), families (Qwen3-/MoE-shaped weights vs transformers), tp (tensor
+               parallelism's per-step cost)
+  device/      cuda_check (the prepared GPU run: float32 exactness, 8B bf16 MFU; --cpu-smoke on CPU)
+  serving/     reliability (flood, kill, drain, abandon against a server), offline (rayscore-batch vs a loop),
+               lm_eval_compare (lm-eval through rayscore vs its hf backend), prefix_routing (cache-aware routing)
+  invariance/  invariant (batch-invariant mode vs the default), invariant_cost (its per-kernel cost),
+               invariant_device (the mode's checks and bits on this device)
 
 Workloads (default: all, in this order): long (1 long scoring, MFU, bf16, memory), short (2 many short scoring
 requests), mc (3 multiple choice with shared contexts), gen (4 generation), http (5 over HTTP: 400 short scoring
@@ -31,8 +33,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Settings, set_threads
-from bench.report import Row, environment, table_text, write
+from bench.lib.harness import Settings, set_threads
+from bench.lib.report import Row, environment, table_text, write
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,10 +66,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # Commands with their own arguments, each in its own module.
-_TOOLS = {"limits": "bench.limits", "reliability": "bench.reliability", "invariant": "bench.invariant",
-          "invariant_device": "bench.invariant_device", "long_prefill": "bench.long_prefill",
-          "families": "bench.families", "cuda_check": "bench.cuda_check",
-          "weight_update": "bench.weight_update", "tp": "bench.tp"}
+_TOOLS = {
+    "limits": "bench.features.limits", "weight_update": "bench.features.weight_update",
+    "long_prefill": "bench.features.long_prefill", "families": "bench.features.families", "tp": "bench.features.tp",
+    "cuda_check": "bench.device.cuda_check",
+    "reliability": "bench.serving.reliability", "offline": "bench.serving.offline",
+    "lm_eval_compare": "bench.serving.lm_eval_compare", "prefix_routing": "bench.serving.prefix_routing",
+    "invariant": "bench.invariance.compare", "invariant_cost": "bench.invariance.cost",
+    "invariant_device": "bench.invariance.device",
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                         slow_side_budget_s=args.slow_budget or (60.0 if mode == "full" else 20.0),
                         http_part=args.http_part)
     set_threads(settings.threads)
-    from bench.context import Context
+    from bench.lib.context import Context
 
     ctx = Context(settings)
     env = environment(settings)

@@ -18,8 +18,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine.admission import OVERLOADED, AdmissionQueue
+from engine.commands import AbortRequest, AddRequest, Command, RunBetweenSteps, RunExclusive
 from engine.config import EngineConfig
+from engine.core.admission import OVERLOADED, AdmissionQueue
 from engine.llm_engine import LLMEngine, RequestError
 from engine.outputs import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -50,13 +51,13 @@ class AsyncEngine:
         self.admission = AdmissionQueue(cfg.max_queued_requests, cfg.max_queued_tokens)
         # When the engine thread last finished a loop turn (a step, or an idle wait): the stuck-engine clock.
         self._last_progress = time.monotonic()
-        # Commands for the engine thread: ("add", rid, ids, params) or ("abort", rid). Only that thread
-        # touches the engine, so the scheduler needs no locks.
-        self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        # Commands for the engine thread (engine/commands.py). Only that thread touches the engine, so the
+        # scheduler needs no locks.
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         # An exclusive call waiting for the engine to drain (run_exclusive) and the adds held back meanwhile.
         self._exclusive: tuple[Callable[[LLMEngine], Any], concurrent.futures.Future, int] | None = None
-        self._held: list[tuple] = []
+        self._held: list[AddRequest | RunExclusive] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = False
@@ -93,7 +94,7 @@ class AsyncEngine:
             yield convert(RequestOutput(request_id, finished=True, prompt_tokens=len(prompt_token_ids),
                                         finish_reason=error))
             return
-        self._commands.put(("add", request_id, prompt_token_ids, params))
+        self._commands.put(AddRequest(request_id, prompt_token_ids, params))
         self._wake.set()
         finished = False
         try:
@@ -109,7 +110,7 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        self._commands.put(AbortRequest(request_id))
         self._wake.set()
 
     def run_exclusive(self, fn: Callable[[LLMEngine], Any], abort_all: bool = False) -> concurrent.futures.Future:
@@ -118,14 +119,14 @@ class AsyncEngine:
         result is (fn's result, how many requests were in the engine when the call arrived). What a weight update
         needs: no answer spans two weights."""
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(("exclusive", fn, abort_all, done))
+        self._commands.put(RunExclusive(fn, abort_all, done))
         self._wake.set()
         return done
 
     def run_between_steps(self, fn: Callable[[LLMEngine], Any]) -> concurrent.futures.Future:
         """Run fn(engine) in the engine thread between two steps (a cache flush); the future holds its result."""
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(("call", fn, done))
+        self._commands.put(RunBetweenSteps(fn, done))
         self._wake.set()
         return done
 
@@ -178,31 +179,29 @@ class AsyncEngine:
                 return
             self._dispatch(cmd)
 
-    def _dispatch(self, cmd: tuple) -> None:
-        if cmd[0] in ("add", "exclusive") and self._exclusive is not None:
+    def _dispatch(self, cmd: Command) -> None:
+        if isinstance(cmd, AddRequest | RunExclusive) and self._exclusive is not None:
             self._held.append(cmd)  # starts after the exclusive call, on what it leaves (new weights)
-        elif cmd[0] == "add":
+        elif isinstance(cmd, AddRequest):
             self._add(cmd)
-        elif cmd[0] == "exclusive":
-            _, fn, abort_all, done = cmd
+        elif isinstance(cmd, RunExclusive):
             paused = len(self.engine.seqs)
-            if abort_all:
+            if cmd.abort_all:
                 for rid in list(self.engine.seqs):
                     out = self.engine.abort_request(rid)
                     if out is not None:
                         self._deliver(out)
-            self._exclusive = (fn, done, paused)
-        elif cmd[0] == "call":
-            _run_into(cmd[2], cmd[1], self.engine)
+            self._exclusive = (cmd.fn, cmd.done, paused)
+        elif isinstance(cmd, RunBetweenSteps):
+            _run_into(cmd.done, cmd.fn, self.engine)
         else:
-            self.engine.abort_request(cmd[1])  # its stream is gone already: nothing to deliver
+            self.engine.abort_request(cmd.request_id)  # its stream is gone already: nothing to deliver
 
-    def _add(self, cmd: tuple) -> None:
-        _, rid, ids, params = cmd
+    def _add(self, cmd: AddRequest) -> None:
         try:
-            self.engine.add_request(rid, ids, params)
+            self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params)
         except RequestError as e:
-            self._deliver(RequestOutput(rid, finished=True, prompt_tokens=len(ids),
+            self._deliver(RequestOutput(cmd.request_id, finished=True, prompt_tokens=len(cmd.prompt_token_ids),
                                         finish_reason=FinishReason("error", message=str(e), code=400)))
 
     def _run_exclusive_when_drained(self) -> None:
@@ -213,7 +212,8 @@ class AsyncEngine:
         _run_into(done, lambda eng: (fn(eng), paused), self.engine)
         held, self._held = self._held, []
         for cmd in held:
-            if cmd[0] != "add" or cmd[1] in self._streams:  # a held request whose client left is not started
+            # A held request whose client left is not started.
+            if not isinstance(cmd, AddRequest) or cmd.request_id in self._streams:
                 self._dispatch(cmd)
 
     def _loop(self) -> None:

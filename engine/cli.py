@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from engine.config import DEFAULT_MODEL, EngineConfig
-from engine.default_model import resolve_model_path
+from engine.loading.default_model import resolve_model_path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ class EngineConfig:
                                        "decoding request).")
     max_num_seqs: int = _doc(64, "Most requests in one engine step.")
     # vLLM's knob of the same name; here the budget left after everyone's turn goes back to the long prefill,
-    # so one alone still fills the step. Figures: bench/long_prefill.py.
+    # so one alone still fills the step. Figures: bench/features/long_prefill.py.
     long_prefill_token_threshold: int | None = _doc(None, "Most tokens one request's prefill takes in a step "
                                                     "before the other requests have had theirs (the budget left "
                                                     "then goes back to it): a short request is not held behind a "
@@ -50,7 +50,7 @@ class EngineConfig:
     # Off: cached blocks are reused only before the scoring boundary N (SGLang's rule).
     hidden_state_store: bool = _doc(True, "Keep each cached position's hidden state so scoring rows in cached "
                                     "blocks skip the transformer; off: reuse only before N.")
-    # engine/invariant.py: fixed matmul tiles, block attention from position 0, tiled log-softmax, no shortcut.
+    # engine/invariant/mode.py: fixed matmul tiles, block attention from position 0, tiled log-softmax, no shortcut.
     batch_invariant: bool = _doc(False, "Batch-invariant mode: a request's values have the same float bits whatever "
                                  "else runs, wherever its chunks fall and whatever is cached (slower: "
                                  "python -m bench invariant).")
@@ -62,7 +62,7 @@ class EngineConfig:
     num_threads: int | None = _doc(None, "torch intra-op threads; default: torch's own.")
     cache_dir: str | None = _doc(None, "Where the default model is converted; default: the user's cache dir or "
                                  "$RAYSCORE_CACHE_DIR.")
-    # --- self-protection (engine/admission.py, engine/async_engine.py; figures: bench/limits.py) ---
+    # --- self-protection (engine/core/admission.py, engine/async_engine.py; figures: bench/features/limits.py) ---
     max_queued_requests: int = _doc(64, "Requests a worker holds that have not started (no engine step yet); one "
                                     "more is refused at once with a 503-coded error, before it is queued.")
     # ~10 s of prefill for SmolLM2 on 2 CPU cores.
@@ -71,7 +71,8 @@ class EngineConfig:
     max_prompt_chars_per_token: int = _doc(32, "A text prompt (or chat, or /tokenize text) longer than "
                                            "max_model_len x this many characters is refused (400) before it is "
                                            "tokenized: it could not fit the context.")
-    # 2,000 rows x (1 + 100): seconds of worker time, ~250 MiB of worker memory, a ~5 MB answer (bench/limits.py).
+    # 2,000 rows x (1 + 100): seconds of worker time, ~250 MiB of worker memory, a ~5 MB answer
+    # (bench/features/limits.py).
     max_top_logprobs: int = _doc(MAX_TOP_LOGPROBS, "Largest top_logprobs_num (OpenAI `logprobs`) a request may "
                                  "ask (400 above it).")
     max_logprob_entries: int = _doc(MAX_LOGPROB_ENTRIES, "Most [value, token_id] entries one answer may hold: "

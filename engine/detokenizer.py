@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
+from engine.core.sequence import Sequence
 from engine.output_state import OutputState
-from engine.sequence import Sequence
 
 
 class Detokenizer:

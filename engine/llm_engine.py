@@ -10,19 +10,19 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.default_model import resolve_model_path
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.scheduler import ScheduledChunk, Scheduler
+from engine.core.sequence import Sequence
 from engine.detokenizer import Detokenizer
-from engine.kv_cache_manager import KVCacheManager
-from engine.loader import eos_token_ids, load_model, load_tokenizer, resolve_device
-from engine.model_runner import ChunkResult, ModelRunner
+from engine.loading.default_model import resolve_model_path
+from engine.loading.loader import eos_token_ids, load_model, load_tokenizer, resolve_device
+from engine.loading.sharded import load_sharded
 from engine.output_state import OutputState
 from engine.outputs import DEFAULT_WEIGHT_VERSION, FinishReason, RequestOutput, merge_outputs
 from engine.parallel.driver import TensorParallel
 from engine.parallel.group import TPGroup
-from engine.parallel.loading import load_sharded
+from engine.runner.model_runner import ChunkResult, ModelRunner
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledChunk, Scheduler
-from engine.sequence import Sequence
 from engine.stats import EngineCounters, EngineStats, token_load
 from rulebook import rules
 
@@ -70,7 +70,7 @@ class LLMEngine:
         if self.parallel is not None:
             self.parallel.start(num_blocks)
         self.detokenizer = Detokenizer(self.tokenizer)
-        # The served weights' name (SGLang's weight_version): set by each update (engine/weight_update.py).
+        # The served weights' name (SGLang's weight_version): set by each update (engine/loading/weight_update.py).
         self.weight_version = DEFAULT_WEIGHT_VERSION
         self.seqs: dict[str, Sequence] = {}
         # What each live request's stream has been sent (the scheduler and the runner never see it).

@@ -4,9 +4,9 @@ runner never see it."""
 
 from __future__ import annotations
 
+from engine.core.sequence import Sequence
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
 
 
 class OutputState:

@@ -4,9 +4,9 @@ worker (which turns them into metrics). Plain Python: the engine imports neither
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
-from engine.scheduler import SchedulerOutput
+from engine.core.scheduler import SchedulerOutput
 
 # Step records kept until the worker drains them (it does about once a second); older ones are dropped
 # rather than grow without bound when nobody reads them.
@@ -40,13 +40,6 @@ class EngineStats:
     running_tokens: int  # context tokens of the running requests
     steps: int  # since start
     hidden_store_rows: int  # since start: scoring rows whose hidden state came from the store
-
-    def __getitem__(self, name: str) -> int:
-        """A counter by its name, for tables that name them (the worker's metrics) and for tests."""
-        if name not in {f.name for f in fields(self)}:
-            raise KeyError(name)
-        value: int = getattr(self, name)
-        return value
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The ingress's one error hierarchy: what went wrong, with its HTTP status; each API writes its own body.
 
 - InvalidRequest (400, and a worker's other 4xx codes): the client sent something the rules reject, found by
-  a validator or by the worker (FinishInfo code 400: a text prompt too long once tokenized, ...). The
+  a validator or by the worker (FinishReason code 400: a text prompt too long once tokenized, ...). The
   client must change the request. NotFound (404): it names something this server does not have.
 - Unauthorized (401): no valid API key. PayloadTooLarge (413): the body is over `max_request_bytes`.
   BodyTimeout (408): the body did not arrive within `body_timeout_s`.
@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from starlette.responses import JSONResponse
 
 from rulebook.rules import Violation
-from workers.protocol import FinishInfo
+from workers.protocol import FinishReason
 
 # nginx's "client closed request": written to a socket nobody reads, but it keeps access logs honest.
 CLIENT_CLOSED_REQUEST = 499
@@ -129,7 +129,7 @@ class ClientGone(IngressError):
         super().__init__("The client closed the request.")
 
 
-def finish_error(finish: FinishInfo | None) -> IngressError | None:
+def finish_error(finish: FinishReason | None) -> IngressError | None:
     """The error a worker's `error` finish stands for; None for any other finish.
 
     The worker's code picks the class: a 4xx is the client's fault and keeps its code and message (the

@@ -6,7 +6,7 @@ Counted one by one, their prompts overflow a worker's queue bounds even on an id
 invites a retry which can never work. So before any is sent:
 - each request is tagged with the HTTP request's group and with how many of its first tokens an earlier request of
   the group has too (the shared query, the item before its label): the worker's queue counts those once
-  (engine/admission.py), as its prefix cache computes them once;
+  (engine/core/admission.py), as its prefix cache computes them once;
 - a group whose count exceeds what an idle worker queues (max_queued_requests, max_queued_tokens) is refused
   here with 400 naming both fields: it can never be admitted as it is, only split.
 """

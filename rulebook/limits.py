@@ -1,6 +1,6 @@
 """The defaults of the limits both sides enforce, stated once: the ingress checks them on an HTTP request's
 worker requests before any is sent (ingress/limits.py), the engine on each request it is given (its last line
-of defence). The figures behind them are bench/limits.py's (README, Limits)."""
+of defence). The figures behind them are bench/features/limits.py's (README, Limits)."""
 
 from __future__ import annotations
 

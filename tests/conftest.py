@@ -43,7 +43,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The embedded default model's converted folder (converted once per machine, then cached)."""
-    from engine.default_model import ensure_default_model
+    from engine.loading.default_model import ensure_default_model
 
     return ensure_default_model()
 

@@ -26,25 +26,27 @@ TAGS = ("model", "replica")
 SECONDS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]
 TOKENS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 
-# Engine stats (EngineStats fields) exported as counters: metric name -> (stats key, meaning).
-COUNTED_STATS = {
-    "rayscore_prefix_cache_query_tokens_total": ("prefix_cache_query_tokens", "Prompt tokens looked up in the "
-                                                 "prefix cache."),
-    "rayscore_prefix_cache_hit_tokens_total": ("prefix_cache_hit_tokens", "Prompt tokens served from the "
-                                               "prefix cache."),
-    "rayscore_hidden_store_rows_total": ("hidden_store_rows", "Scoring rows served from the hidden-state store "
-                                         "(only the LM head ran)."),
-    "rayscore_preemptions_total": ("preemptions", "Requests preempted (KV blocks freed, recomputed later)."),
-    "rayscore_kv_evictions_total": ("prefix_cache_evictions", "Cached KV blocks evicted for other content."),
+# Engine stats exported as counters: metric name -> (the stats field it reads, meaning).
+COUNTED_STATS: dict[str, tuple[Callable[[EngineStats], int], str]] = {
+    "rayscore_prefix_cache_query_tokens_total": (
+        lambda s: s.prefix_cache_query_tokens, "Prompt tokens looked up in the prefix cache."),
+    "rayscore_prefix_cache_hit_tokens_total": (
+        lambda s: s.prefix_cache_hit_tokens, "Prompt tokens served from the prefix cache."),
+    "rayscore_hidden_store_rows_total": (
+        lambda s: s.hidden_store_rows, "Scoring rows served from the hidden-state store (only the LM head ran)."),
+    "rayscore_preemptions_total": (
+        lambda s: s.preemptions, "Requests preempted (KV blocks freed, recomputed later)."),
+    "rayscore_kv_evictions_total": (
+        lambda s: s.prefix_cache_evictions, "Cached KV blocks evicted for other content."),
 }
-# Engine stats exported as gauges: metric name -> (stats key, meaning).
-GAUGED_STATS = {
-    "rayscore_running_requests": ("running", "Requests in the engine's running batch."),
-    "rayscore_waiting_requests": ("waiting", "Requests waiting for the engine (queued)."),
-    "rayscore_queued_prompt_tokens": ("queued_tokens", "Tokens of the waiting requests, still to compute."),
-    "rayscore_running_tokens": ("running_tokens", "Tokens (prompt + generated) of the running requests."),
-    "rayscore_kv_blocks_used": ("kv_blocks_used", "KV-cache blocks in use."),
-    "rayscore_kv_blocks_total": ("kv_blocks_total", "KV-cache blocks of the worker."),
+# Engine stats exported as gauges: metric name -> (the stats field it reads, meaning).
+GAUGED_STATS: dict[str, tuple[Callable[[EngineStats], int], str]] = {
+    "rayscore_running_requests": (lambda s: s.running, "Requests in the engine's running batch."),
+    "rayscore_waiting_requests": (lambda s: s.waiting, "Requests waiting for the engine (queued)."),
+    "rayscore_queued_prompt_tokens": (lambda s: s.queued_tokens, "Tokens of the waiting requests, still to compute."),
+    "rayscore_running_tokens": (lambda s: s.running_tokens, "Tokens (prompt + generated) of the running requests."),
+    "rayscore_kv_blocks_used": (lambda s: s.kv_blocks_used, "KV-cache blocks in use."),
+    "rayscore_kv_blocks_total": (lambda s: s.kv_blocks_total, "KV-cache blocks of the worker."),
 }
 
 
@@ -77,7 +79,7 @@ class WorkerMetrics:
         for m in (self._requests, self._prompt_tokens, self._scored_rows, self._generated, self._queue_time,
                   self._step_time, self._step_tokens, *self._counters.values(), *self._gauges.values()):
             m.set_default_tags(self._tags)
-        self._last: dict[str, int] = {}  # stats value at the previous refresh, for counter deltas
+        self._last: dict[str, int] = {}  # each counter's stats value at the previous refresh, for its delta
 
     def on_output(self, params: SamplingParams, out: RequestOutput) -> None:
         """Count one engine output (a delta) of a request; its last output also counts the request."""
@@ -97,13 +99,14 @@ class WorkerMetrics:
 
     def refresh(self, stats: EngineStats, steps: list[StepRecord]) -> None:
         """Publish one reading of the engine's stats and the steps run since the previous one."""
-        for name, (key, _) in GAUGED_STATS.items():
-            self._gauges[name].set(stats[key])
-        for name, (key, _) in COUNTED_STATS.items():
-            delta = stats[key] - self._last.get(key, 0)
+        for name, (read, _) in GAUGED_STATS.items():
+            self._gauges[name].set(read(stats))
+        for name, (read, _) in COUNTED_STATS.items():
+            value = read(stats)
+            delta = value - self._last.get(name, 0)
             if delta > 0:
                 self._counters[name].inc(delta)
-            self._last[key] = stats[key]
+            self._last[name] = value
         for step in steps:
             self._step_time.observe(step.duration_s)
             self._step_tokens.observe(step.num_tokens)

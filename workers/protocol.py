@@ -6,7 +6,7 @@ empty") distinct; a stream's final chunk carries only what is new, never a repla
 
 Three pure dataclass modules of the engine are part of this vocabulary, re-exported here so that the ingress
 imports only this module (none of them imports torch): the request's SamplingParams (declared once, as
-vLLM's EngineCoreRequest carries its SamplingParams), the finish (FinishInfo is the engine's FinishReason)
+vLLM's EngineCoreRequest carries its SamplingParams), the finish (FinishReason is the engine's FinishReason)
 and the one merge of a stream's deltas.
 """
 
@@ -19,12 +19,8 @@ from dataclasses import dataclass, field
 from engine.outputs import CONCAT, DEFAULT_WEIGHT_VERSION, FinishReason, FinishType, merge_outputs
 from engine.sampling_params import SamplingParams
 
-# The carrier's name for the engine's finish: type, matched stop, message, and with type "error" a code
-# (400: the request was invalid, e.g. a text prompt too long once tokenized; 500: the engine failed).
-FinishInfo = FinishReason
-
 __all__ = [
-    "DEFAULT_WEIGHT_VERSION", "ChatPrompt", "FinishInfo", "FinishType", "GenerateChunk", "GenerateRequest",
+    "DEFAULT_WEIGHT_VERSION", "ChatPrompt", "FinishReason", "FinishType", "GenerateChunk", "GenerateRequest",
     "ModelInfo", "SamplingParams", "TokenizerInfo", "WEIGHTS_NAMESPACE", "WeightUpdate", "WeightUpdateResult",
     "WorkerStats", "error_chunk", "merge_outputs", "until_finished",
 ]
@@ -43,7 +39,7 @@ class ModelInfo:
     prompt_chars_per_token: int = 32
     # Tokens the worker's KV cache holds (prompt + generation of one request at most); None: as many as the context.
     kv_capacity_tokens: int | None = None
-    # The worker's queue bounds (engine/admission.py): a request whose worker requests exceed them even on an idle
+    # The worker's queue bounds (engine/core/admission.py): a request whose worker requests exceed them even on an idle
     # worker can never be admitted, and is refused with 400 rather than 503 + Retry-After.
     max_queued_requests: int | None = None
     max_queued_tokens: int | None = None
@@ -99,7 +95,7 @@ class GenerateChunk:
     text: str = field(default="", metadata=CONCAT)
     output_ids: list[int] = field(default_factory=list, metadata=CONCAT)
     finished: bool = False
-    finish_reason: FinishInfo | None = None
+    finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -156,7 +152,7 @@ class WorkerStats:
     # Where the engine runs ("cpu", "cuda:0") and the GPU slot Ray gave the replica, if any.
     device: str = ""
     cuda_visible_devices: str | None = None
-    # Self-protection (engine/admission.py): requests and prompt tokens waiting to start, requests refused as
+    # Self-protection (engine/core/admission.py): requests and prompt tokens waiting to start, requests refused as
     # overloaded since start; the process's resident memory now and at its peak; seconds the engine has had work
     # and made no progress (the stuck-engine health check fails past stuck_engine_timeout_s).
     queued: int = 0
@@ -185,7 +181,7 @@ def error_chunk(rid: str, message: str, code: int | None = None, after: Generate
         return None if after is None or getattr(after, name) is None else []
 
     return GenerateChunk(
-        rid=rid, finished=True, finish_reason=FinishInfo("error", message=message, code=code),
+        rid=rid, finished=True, finish_reason=FinishReason("error", message=message, code=code),
         prompt_tokens=after.prompt_tokens if after else 0,
         completion_tokens=after.completion_tokens if after else 0,
         cached_tokens=after.cached_tokens if after else 0,

@@ -14,7 +14,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from engine.config import EngineConfig
-from engine.loader import resolve_device
+from engine.loading.loader import resolve_device
 from engine.parallel.group import TPGroup, free_port
 
 # Rank actors' names: this prefix, the placement group's id, the rank.

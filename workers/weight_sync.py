@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from engine.async_engine import AsyncEngine
-from engine.weight_update import StagedWeights, WeightUpdateError, apply_weights, stage_weights
+from engine.loading.weight_update import StagedWeights, WeightUpdateError, apply_weights, stage_weights
 from workers.protocol import WEIGHTS_NAMESPACE
 from workers.weights import WeightAck, WeightOp, WeightRegistry
 

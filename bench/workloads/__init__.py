@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bench.context import Context
-from bench.report import Row
+from bench.lib.context import Context
+from bench.lib.report import Row
 from bench.workloads import generation, http, long_scoring, multiple_choice, short_scoring
 
 Workload = Callable[[Context], tuple[list[Row], dict[str, Any]]]

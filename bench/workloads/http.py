@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from bench import rayscore_side as rs
-from bench.context import Context
-from bench.harness import Side, alternate, max_abs_diff_requests, percentile
-from bench.report import Goal, Row
+from bench.lib import rayscore_side as rs
+from bench.lib.context import Context
+from bench.lib.harness import Side, alternate, max_abs_diff_requests, percentile
+from bench.lib.report import Goal, Row
 from bench.workloads import http_short, http_stream
 from bench.workloads.short_scoring import prompts
 

@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 import httpx
 
-from bench import rayscore_side as rs
-from bench import serving_cpu, stages
-from bench.context import Context
-from bench.harness import Side, alternate, max_abs_diff_requests
-from bench.report import Goal, Row
+from bench.lib import rayscore_side as rs
+from bench.lib.context import Context
+from bench.lib.harness import Side, alternate, max_abs_diff_requests
+from bench.lib.report import Goal, Row
+from bench.serving import serving_cpu, stages
 
 T = TypeVar("T")
 NAME = "5 over HTTP, short requests"

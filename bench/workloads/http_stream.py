@@ -1,7 +1,7 @@
 """Workload 5, streamed generation over HTTP (issue 24): 64 prompts of 40 tokens, 32 greedy tokens each, streamed
 as server-sent events to 16 concurrent clients, against LLMEngine.generate on the same prompts in batches of 16 in
 the same run. Reports generated tokens/s, the CPU milliseconds per generated token of each serving process, and
-where each process's CPU goes by stage (bench/stages.py, one untimed repetition under py-spy).
+where each process's CPU goes by stage (bench/serving/stages.py, one untimed repetition under py-spy).
 
 The app has its own worker (a fresh prefix cache); every repetition uses a new prompt set.
 """
@@ -16,11 +16,11 @@ from typing import Any
 
 import httpx
 
-from bench import rayscore_side as rs
-from bench import serving_cpu, stages
-from bench.context import Context
-from bench.harness import Side, alternate
-from bench.report import Row
+from bench.lib import rayscore_side as rs
+from bench.lib.context import Context
+from bench.lib.harness import Side, alternate
+from bench.lib.report import Row
+from bench.serving import serving_cpu, stages
 from bench.workloads.http_short import in_a_thread
 
 NAME = "5 over HTTP, streamed generation"

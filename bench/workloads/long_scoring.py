@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from bench import baselines as hf_side
-from bench import rayscore_side as rs
-from bench.context import Context
-from bench.harness import Progress, Side, alternate, max_abs_diff, time_once
-from bench.memory import peak_extra_memory
-from bench.mfu import forward_flops, peak_matmul_flops
-from bench.report import Goal, Row
+from bench.lib import baselines as hf_side
+from bench.lib import rayscore_side as rs
+from bench.lib.context import Context
+from bench.lib.harness import Progress, Side, alternate, max_abs_diff, time_once
+from bench.lib.memory import peak_extra_memory
+from bench.lib.mfu import forward_flops, peak_matmul_flops
+from bench.lib.report import Goal, Row
 
 NAME = "1 long scoring"
 TAIL = 64

@@ -6,11 +6,11 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench import baselines as hf_side
-from bench import rayscore_side as rs
-from bench.context import Context
-from bench.harness import Side, alternate, max_abs_diff_requests
-from bench.report import Goal, Row
+from bench.lib import baselines as hf_side
+from bench.lib import rayscore_side as rs
+from bench.lib.context import Context
+from bench.lib.harness import Side, alternate, max_abs_diff_requests
+from bench.lib.report import Goal, Row
 
 NAME = "2 short scoring"
 # Padded tokens per transformers batch (rows x longest prompt, prompts sorted by length): the best of 1024,

@@ -7,8 +7,8 @@ uses it: through 30 layers its different summation order moved SmolLM2's logprob
 transformers forward (aten: 1.9e-5), past the 1e-4 the engine is held to; on the LM head alone, 3.8e-5.
 
 Batch-invariant mode needs a row's bits to follow neither the number of rows in the call nor the row's place:
-each Linear then carries a RowPlan (row_plan.py), checked on the running machine when the mode starts, and every
-call runs as calls of checked row counts only.
+each Linear then carries a RowPlan (engine/invariant/row_plan.py), checked on the running machine when the mode
+starts, and every call runs as calls of checked row counts only.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.row_plan import Call, InvariantModeError, RowPlan, calibrate, run_pieces
+from engine.invariant.row_plan import Call, InvariantModeError, RowPlan, calibrate, run_pieces
 
 _ONEDNN = torch.backends.mkldnn.is_available()
 # Layers at least this wide (the LM head) take oneDNN, whatever the rows.
@@ -61,7 +61,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 class Linear(nn.Linear):
-    # Set by engine.invariant.set_batch_invariant: None in the default mode.
+    # Set by engine.invariant.mode.set_batch_invariant: None in the default mode.
     row_plan: RowPlan | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

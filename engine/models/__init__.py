@@ -1,6 +1,6 @@
 """Model families by the `architectures` name of a Hugging Face config. Every family is a LlamaForCausalLM
-(a subclass where the layout differs), so the runner has one model type to read: forward, compute_logits,
-target_logits, dtype, hidden_size and the KV shape. README, "Adding a model family", says what a family provides.
+(a subclass where the layout differs), so the runner has one model type to read, and names it: forward,
+compute_logits, target_logits, dtype, hidden_size and the KV shape. docs/design/models.md says what a family provides.
 
 A family's module is imported when a checkpoint names it: the families build on engine/layers/, whose modules
 build on this package's linear and rope, so importing every family here would make the two packages import each
@@ -11,8 +11,6 @@ from __future__ import annotations
 from importlib import import_module
 
 from engine.models.llama import LlamaForCausalLM
-
-CausalLM = LlamaForCausalLM
 
 # architectures name -> the module under engine/models/ that defines the class of that name.
 MODEL_REGISTRY: dict[str, str] = {
@@ -27,9 +25,9 @@ MODEL_REGISTRY: dict[str, str] = {
 }
 
 
-def model_class(architectures: list[str] | None) -> type[CausalLM]:
+def model_class(architectures: list[str] | None) -> type[LlamaForCausalLM]:
     for arch in architectures or []:
         if arch in MODEL_REGISTRY:
-            cls: type[CausalLM] = getattr(import_module(f"engine.models.{MODEL_REGISTRY[arch]}"), arch)
+            cls: type[LlamaForCausalLM] = getattr(import_module(f"engine.models.{MODEL_REGISTRY[arch]}"), arch)
             return cls
     raise ValueError(f"unsupported model architecture {architectures}; supported: {sorted(MODEL_REGISTRY)}")

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from engine.layers.activation import invariant_silu
+from engine.invariant.activation import invariant_silu
 from engine.layers.attention import AttentionBackend, AttentionMetadata
 from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
@@ -63,7 +63,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    # Set by engine.invariant.set_batch_invariant.
+    # Set by engine.invariant.mode.set_batch_invariant.
     batch_invariant: bool = False
 
     def __init__(self, cfg: Any, intermediate_size: int | None = None, act: str | None = None) -> None:
@@ -234,7 +234,7 @@ class LlamaForCausalLM(nn.Module):
         return self._cap((h * w).sum(-1))
 
     def batch_invariant_blockers(self) -> list[str]:
-        """The features of this checkpoint batch-invariant mode does not cover (engine/invariant.py), each with
+        """The features of this checkpoint batch-invariant mode does not cover (engine/invariant/mode.py), each with
         its config field; ModelRunner refuses the mode for a model that has any."""
         found: set[str] = set()
         for layer in self.model.layers:

@@ -1,7 +1,8 @@
 """The sharded model's collective phases, run the same way on every rank: rank 0 calls the public methods, which
 first broadcast what the phase needs (messages.py) and then run it; the other ranks (follower.py) receive the
 message and run the same phase. The scorer and the sampler see `compute_logits` / `target_logits` / `score_rows`
-with the single-device signatures (engine/scorer.py, engine/logprobs.py), so the model runner's plan is unchanged."""
+with the single-device signatures (engine/runner/scorer.py, engine/runner/logprobs.py), so the model runner's plan
+is unchanged."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ from collections.abc import Callable
 import torch
 
 from engine.layers.attention import AttentionMetadata
-from engine.logprobs import ScoredRows
-from engine.models import CausalLM
+from engine.models.llama import LlamaForCausalLM
 from engine.parallel import vocab
 from engine.parallel.group import TPGroup
 from engine.parallel.messages import Forward, Logits, Message, Score, Setup, Stop, Targets
 from engine.parallel.shard import vocab_range
+from engine.runner.logprobs import ScoredRows
 
 
 class TensorParallel:
-    def __init__(self, model: CausalLM, group: TPGroup) -> None:
+    def __init__(self, model: LlamaForCausalLM, group: TPGroup) -> None:
         self.model, self.group = model, group
         lo, hi = vocab_range(model.config.vocab_size, group.rank, group.size)
         self.shard = vocab.VocabShard(group, lo, hi, model.config.vocab_size)

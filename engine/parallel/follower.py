@@ -7,10 +7,10 @@ import torch
 
 from engine.config import EngineConfig
 from engine.layers.attention import AttentionMetadata, TorchPagedAttention
-from engine.models import CausalLM
+from engine.loading.sharded import load_sharded
+from engine.models.llama import LlamaForCausalLM
 from engine.parallel.driver import TensorParallel
 from engine.parallel.group import TPGroup
-from engine.parallel.loading import load_sharded
 from engine.parallel.messages import Forward, Logits, Score, Setup, Stop, Targets
 
 
@@ -19,7 +19,7 @@ class Follower:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.group, self.device, self.block_size = group, group.device, config.block_size
-        self.model: CausalLM = load_sharded(config, group)[0]
+        self.model: LlamaForCausalLM = load_sharded(config, group)[0]
         self.tp = TensorParallel(self.model, group)
         self.backend = TorchPagedAttention()
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []

@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from engine.layers.linear import Linear, linear
-from engine.models import CausalLM
-from engine.models.llama import MLP
+from engine.models.llama import MLP, LlamaForCausalLM
 from engine.parallel.group import TPGroup
 
 
@@ -43,7 +42,7 @@ def vocab_range(vocab: int, rank: int, size: int) -> tuple[int, int]:
     return min(vocab, rank * width), min(vocab, (rank + 1) * width)
 
 
-def refusals(model: CausalLM, size: int) -> list[str]:
+def refusals(model: LlamaForCausalLM, size: int) -> list[str]:
     """Why `model` cannot be split over `size` ranks, each naming its config field; empty: it can."""
     cfg = model.config
     found: list[str] = []
@@ -67,7 +66,7 @@ def refusals(model: CausalLM, size: int) -> list[str]:
     return found
 
 
-def shard_model(model: CausalLM, group: TPGroup) -> None:
+def shard_model(model: LlamaForCausalLM, group: TPGroup) -> None:
     """Keep this rank's shard of every split weight (in place); raises ValueError naming what cannot be split."""
     rank, size = group.rank, group.size
     broken = refusals(model, size)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from engine.logprobs import ScoredRows
 from engine.parallel.group import TPGroup
+from engine.runner.logprobs import ScoredRows
 
 
 class VocabShard:

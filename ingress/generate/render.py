@@ -11,10 +11,10 @@ from typing import Any
 
 from ingress.errors import IngressError
 from ingress.sse import sse_data
-from workers.protocol import FinishInfo, GenerateChunk
+from workers.protocol import FinishReason, GenerateChunk
 
 
-def finish_json(finish: FinishInfo) -> dict[str, Any]:
+def finish_json(finish: FinishReason) -> dict[str, Any]:
     """`meta_info.finish_reason`: `matched` and `message` only when there is one (never the internal code)."""
     out: dict[str, Any] = {"type": finish.type}
     if finish.matched is not None:

@@ -70,7 +70,9 @@ class GenerateBody(BaseModel):
 LogprobRow = list[Any]  # [value, token_id]
 
 
-class FinishReason(BaseModel):
+class FinishReasonSchema(BaseModel):
+    """How /generate writes the carrier's FinishReason (workers.protocol): its error `code` is the HTTP status."""
+
     type: Literal["stop", "length", "abort", "error"]
     matched: str | int | None = Field(None, description="The stop string or token id that ended generation.")
     message: str | None = Field(None, description="Why an `error` finish happened.")
@@ -78,7 +80,7 @@ class FinishReason(BaseModel):
 
 class MetaInfo(BaseModel):
     id: str
-    finish_reason: FinishReason | None = Field(description="null on every streamed event but the last.")
+    finish_reason: FinishReasonSchema | None = Field(description="null on every streamed event but the last.")
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ingress.errors import IngressError
-from workers.protocol import FinishInfo, GenerateChunk
+from workers.protocol import FinishReason, GenerateChunk
 
 
 @dataclass
@@ -100,7 +100,7 @@ def finish_reason(chunk: GenerateChunk) -> str | None:
 
 def echo_only_chunk(rid: str, prompt_len: int) -> GenerateChunk:
     """The whole answer of a prompt with nothing to compute (max_tokens 0 and no prompt rows asked for)."""
-    return GenerateChunk(rid=rid, finished=True, finish_reason=FinishInfo(type="length"),
+    return GenerateChunk(rid=rid, finished=True, finish_reason=FinishReason(type="length"),
                          prompt_tokens=prompt_len)
 
 

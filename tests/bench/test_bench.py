@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import baselines
-from bench.harness import Side, Timings, alternate, percentile
-from bench.mfu import forward_flops
-from bench.report import Goal, Row
+from bench.lib import baselines
+from bench.lib.harness import Side, Timings, alternate, percentile
+from bench.lib.mfu import forward_flops
+from bench.lib.report import Goal, Row
 from tests.helpers.engine import rand_ids
 from tests.helpers.reference import hf_model
 
@@ -102,7 +102,7 @@ def test_bench_smoke_run(tiny_models, tmp_path: Path, capsys: pytest.CaptureFixt
     diffs = [r["rayscore"] for r in rows if r["measure"].startswith("max |logprob")]
     assert len(diffs) == 2 and all(d < 1e-4 for d in diffs)  # the engine's rows equal transformers' in the run
     # Where the CPU runs bfloat16 natively, workloads 2 and 4 add the bfloat16 engine (a real one) for information.
-    from bench.rayscore_side import native_bf16
+    from bench.lib.rayscore_side import native_bf16
 
     bf16 = [r for r in rows if "bf16" in r["measure"]]
     if native_bf16():
@@ -114,7 +114,7 @@ def test_bench_smoke_run(tiny_models, tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_cpu_name_names_the_instruction_sets() -> None:
-    from bench.report import ISA_FLAGS, cpu_name
+    from bench.lib.report import ISA_FLAGS, cpu_name
 
     flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                   if ln.startswith("flags")), [])

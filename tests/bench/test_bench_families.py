@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.families import main
+from bench.features.families import main
 
 
 def test_families_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.tp import main
+from bench.features.tp import main
 
 
 def test_tp_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cuda_check import main
+from bench.device.cuda_check import main
 
 
 @pytest.mark.timeout(300)

@@ -1,5 +1,5 @@
 """Workload 5's short requests (bench/workloads/http_short.py) without Ray: the prompt sets' shape, the in-process
-side's rows against transformers, and the CPU accounting of bench/serving_cpu.py on this process."""
+side's rows against transformers, and the CPU accounting of bench/serving/serving_cpu.py on this process."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 
 import torch
 
-from bench import rayscore_side as rs
-from bench import serving_cpu
-from bench.baselines import score_each
+from bench.lib import rayscore_side as rs
+from bench.lib.baselines import score_each
+from bench.serving import serving_cpu
 from bench.workloads import http_short
 from tests.helpers.reference import hf_model
 

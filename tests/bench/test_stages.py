@@ -1,10 +1,10 @@
-"""bench/stages.py: py-spy's collapsed stacks put in stages, and a process's CPU split by them."""
+"""bench/serving/stages.py: py-spy's collapsed stacks put in stages, and a process's CPU split by them."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.stages import ENGINE_THREAD, OTHER, parse_raw, per_stage_ms, stage_of
+from bench.serving.stages import ENGINE_THREAD, OTHER, parse_raw, per_stage_ms, stage_of
 
 RAW = """\
 Thread.run (t.py:9);AsyncEngine._loop (engine/async_engine.py:240);LLMEngine.step (engine/llm_engine.py:300) 60

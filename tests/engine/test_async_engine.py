@@ -45,7 +45,7 @@ async def test_concurrent_streams(aengine) -> None:
     jobs = [_collect(aengine, f"c{i}", rand_ids(10 + i, i), greedy(5) if i % 2 else scoring(1)) for i in range(8)]
     results = await asyncio.gather(*jobs)
     assert all(r[-1].finished for r in results)
-    assert aengine.stats()["running"] == 0
+    assert aengine.stats().running == 0
 
 
 async def test_abandoned_stream_aborts_and_frees(aengine) -> None:
@@ -55,10 +55,10 @@ async def test_abandoned_stream_aborts_and_frees(aengine) -> None:
     await gen.aclose()
     for _ in range(100):
         st = aengine.stats()
-        if st["running"] == 0 and st["waiting"] == 0:
+        if st.running == 0 and st.waiting == 0:
             break
         await asyncio.sleep(0.02)
-    assert st["kv_blocks_free"] == st["kv_blocks_total"]
+    assert st.kv_blocks_free == st.kv_blocks_total
 
 
 async def test_bad_request_is_an_error_answer(aengine) -> None:

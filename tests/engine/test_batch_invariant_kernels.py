@@ -10,19 +10,19 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from engine.invariant import set_batch_invariant
+from engine.invariant.activation import check_silu, invariant_silu
+from engine.invariant.attention import KEY_BLOCK, InvariantPagedAttention, check
+from engine.invariant.mode import set_batch_invariant
+from engine.invariant.row_plan import InvariantModeError, RowPlan, calibrate
 from engine.layers import linear as lin
-from engine.layers.activation import check_silu, invariant_silu
 from engine.layers.attention import TorchPagedAttention
-from engine.layers.invariant_attention import KEY_BLOCK, InvariantPagedAttention, check
 from engine.layers.linear import Linear, linear
 from engine.layers.norm import RMSNorm
-from engine.layers.row_plan import InvariantModeError, RowPlan, calibrate
-from engine.loader import load_model
-from engine.logprobs import row_scores, score_rows
-from engine.sampler import sample
+from engine.loading.loader import load_model
+from engine.runner.logprobs import row_scores, score_rows
+from engine.runner.sampler import sample
+from engine.runner.scorer import RowRequest, RowScorer
 from engine.sampling_params import SamplingParams
-from engine.scorer import RowRequest, RowScorer
 from tests.helpers.invariant import chunked, merge, run_attention, run_model
 from tests.helpers.reference import hf_scores
 

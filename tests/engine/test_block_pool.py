@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_pool import BlockPool
+from engine.core.block_pool import BlockPool
 
 
 def test_allocate_and_free_round_trip() -> None:

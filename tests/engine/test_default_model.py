@@ -18,10 +18,9 @@ from safetensors import safe_open
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import engine.default_model as dm
+import engine.loading.default_model as dm
 from engine.config import DEFAULT_MODEL
-from engine.default_model import (
-    DEFAULT_MODEL_NAME,
+from engine.loading.default_model import (
     default_cache_dir,
     ensure_default_model,
     gguf_path,
@@ -77,11 +76,11 @@ def gguf_tokenizer() -> Any:
 
 
 def test_default_name_matches_engine_config() -> None:
-    assert DEFAULT_MODEL_NAME == DEFAULT_MODEL == "smollm2-135m-instruct"
+    assert DEFAULT_MODEL == "smollm2-135m-instruct"
 
 
 def test_folder_has_the_checkpoint_files(folder: Path) -> None:
-    assert folder.name == DEFAULT_MODEL_NAME
+    assert folder.name == DEFAULT_MODEL
     for name in (
         "config.json",
         "model.safetensors",
@@ -175,7 +174,7 @@ def test_no_bos_or_eos_is_added(folder: Path, tokenizer: Any, raw_tokenizer: Tok
 
 
 def test_resolve_model_path(folder: Path, cache_dir: Path, tmp_path: Path) -> None:
-    assert resolve_model_path(DEFAULT_MODEL_NAME, cache_dir) == folder
+    assert resolve_model_path(DEFAULT_MODEL, cache_dir) == folder
     assert resolve_model_path(str(tmp_path)) == tmp_path
     missing = tmp_path / "no-such-model"
     with pytest.raises(FileNotFoundError, match="neither the embedded default model"):
@@ -216,15 +215,15 @@ def test_concurrent_callers_convert_once(monkeypatch: pytest.MonkeyPatch, tmp_pa
         t.start()
     for t in threads:
         t.join()
-    assert results == [tmp_path / DEFAULT_MODEL_NAME] * 3
+    assert results == [tmp_path / DEFAULT_MODEL] * 3
     assert len(calls) == 1
-    assert dm._is_complete(tmp_path / DEFAULT_MODEL_NAME)
+    assert dm._is_complete(tmp_path / DEFAULT_MODEL)
 
 
 def test_incomplete_or_stale_state_is_rebuilt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls: list[int] = []
     monkeypatch.setattr(dm, "_convert", _fake_converter(calls))
-    target = tmp_path / DEFAULT_MODEL_NAME
+    target = tmp_path / DEFAULT_MODEL
     target.mkdir()
     (target / "config.json").write_text("{}")  # a half folder, e.g. copied by hand
     crashed = tmp_path / (dm._TMP_PREFIX + "crashed")

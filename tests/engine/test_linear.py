@@ -49,7 +49,7 @@ def test_module_forward() -> None:
 
 
 def test_fused_projections_equal_separate(tiny_models) -> None:  # noqa: ANN001
-    from engine.loader import load_model
+    from engine.loading.loader import load_model
     from tests.helpers.reference import hf_model
 
     path = tiny_models["qwen2"]  # q/k/v with biases

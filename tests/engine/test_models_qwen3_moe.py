@@ -10,7 +10,7 @@ from transformers import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from engine.layers.moe import SparseMoeBlock
-from engine.loader import load_model
+from engine.loading.loader import load_model
 from tests.helpers.engine import make_engine
 from tests.helpers.families import family_path
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.loader import load_model
+from engine.loading.loader import load_model
 from tests.helpers.families import family_path
 
 

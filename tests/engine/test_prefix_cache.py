@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from engine.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.sequence import Sequence
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
 from tests.helpers.engine import assert_rows, greedy, make_engine, rand_ids, scoring
 from tests.helpers.reference import hf_logits, hf_scores
 
@@ -120,9 +120,9 @@ def test_scoring_equal_cold_warm_evicted_store_off(tiny_models, family: str) -> 
             if round_ == 1 and name != "evicting":
                 assert sum(o.cached_tokens for o in outs) > 0, name
         st = eng.stats()
-        assert st["prefix_cache_hit_tokens"] > 0, name
+        assert st.prefix_cache_hit_tokens > 0, name
         if name == "evicting":
-            assert st["prefix_cache_evictions"] > 0
+            assert st.prefix_cache_evictions > 0
         assert eng.kv.pool.num_free == eng.kv.pool.num_blocks
 
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.admission import OVERLOADED, AdmissionQueue
 from engine.async_engine import AsyncEngine
+from engine.core.admission import OVERLOADED, AdmissionQueue
 from ingress.errors import InvalidRequest
 from ingress.generate.schemas import GenerateBody
 from ingress.generate.validation import split_batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampler import apply_filters, sample
+from engine.runner.sampler import apply_filters, sample
 from engine.sampling_params import SamplingParams
 
 

@@ -12,7 +12,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.loader import load_model
+from engine.loading.loader import load_model
 from engine.parallel.shard import refusals, vocab_range
 from engine.sampling_params import SamplingParams
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring

@@ -72,7 +72,7 @@ async def test_full_queue_refuses_at_once_and_accepted_stay_exact(tiny_models, e
     assert len(refused) == 1 and refused[0].finished
     fr = refused[0].finish_reason
     assert (fr.type, fr.code) == ("error", 503) and "max_queued_requests=2" in fr.message
-    assert eng.admission.queued == (2, 60) and eng.stats()["refused"] == 1  # nothing of it was queued
+    assert eng.admission.queued == (2, 60) and eng.stats().refused == 1  # nothing of it was queued
     gate.open.set()
     for task, prompt in zip(accepted, ids, strict=False):
         got = merge_outputs(await task)

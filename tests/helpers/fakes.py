@@ -18,7 +18,7 @@ from ingress.app import build_fastapi_app
 from ingress.lifecycle import all_or_none
 from workers.protocol import (
     DEFAULT_WEIGHT_VERSION,
-    FinishInfo,
+    FinishReason,
     GenerateChunk,
     GenerateRequest,
     ModelInfo,
@@ -44,7 +44,7 @@ def fake_model(req: GenerateRequest) -> Script:
         yield GenerateChunk(
             rid=req.rid,
             finished=True,
-            finish_reason=FinishInfo(type="length"),
+            finish_reason=FinishReason(type="length"),
             prompt_tokens=len(ids),
             input_token_logprobs=[[-0.5 * t, t] for t in rows],
             input_top_logprobs=[[[-0.1, j] for j in range(k)] for _ in rows] if k else None,
@@ -59,7 +59,7 @@ def fake_model(req: GenerateRequest) -> Script:
             text=f"<{tok}>",
             output_ids=[tok],
             finished=last,
-            finish_reason=FinishInfo(type="length") if last else None,
+            finish_reason=FinishReason(type="length") if last else None,
             prompt_tokens=len(ids),
             completion_tokens=i + 1,
             output_token_logprobs=[[-1.0, tok]] if lp else None,

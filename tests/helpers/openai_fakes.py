@@ -13,7 +13,7 @@ import httpx
 
 from ingress.app import build_fastapi_app
 from tests.helpers.fakes import FakeBackend
-from workers.protocol import ChatPrompt, FinishInfo, GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo
+from workers.protocol import ChatPrompt, FinishReason, GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo
 
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=64, logprobs_mode="raw_logprobs")
 
@@ -36,7 +36,7 @@ def model(req: GenerateRequest):
         rows = [[value(p, ids[p]), ids[p]] for p in range(req.params.logprob_start_len + 1, len(ids))]
         tops = [[[-0.001 * j, j] for j in range(k)] for _ in rows] if k else None
     if req.params.max_tokens == 0:
-        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishInfo("length"), prompt_tokens=len(ids),
+        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason("length"), prompt_tokens=len(ids),
                             input_token_logprobs=rows, input_top_logprobs=tops)
         return
     lp = req.params.return_logprob
@@ -46,7 +46,7 @@ def model(req: GenerateRequest):
         last = i == req.params.max_tokens - 1
         yield GenerateChunk(
             rid=req.rid, text=text_of(tok), output_ids=[tok], finished=last,
-            finish_reason=FinishInfo("length") if last else None, prompt_tokens=len(ids), completion_tokens=i + 1,
+            finish_reason=FinishReason("length") if last else None, prompt_tokens=len(ids), completion_tokens=i + 1,
             input_token_logprobs=(rows if i == 0 else []) if rows is not None else None,
             input_top_logprobs=(tops if i == 0 else []) if tops is not None else None,
             output_token_logprobs=[[value(len(ids) + i, tok), tok]] if lp else None,

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.helpers.fakes import HANG, SCORE, FakeBackend, client, fake_model, post
-from workers.protocol import FinishInfo, GenerateChunk
+from workers.protocol import FinishReason, GenerateChunk
 
 
 def events(resp: httpx.Response) -> list[dict | str]:
@@ -128,7 +128,7 @@ async def test_non_finite_logprobs_do_not_break_the_answer():
         yield GenerateChunk(
             rid=req.rid,
             finished=True,
-            finish_reason=FinishInfo(type="length"),
+            finish_reason=FinishReason(type="length"),
             input_token_logprobs=[[float("-inf"), 3]],
         )
 
@@ -230,7 +230,7 @@ async def test_worker_rejection_after_tokenizing_is_a_400():
 
     def script(req):
         yield GenerateChunk(
-            rid=req.rid, finished=True, finish_reason=FinishInfo(type="error", message=message, code=400)
+            rid=req.rid, finished=True, finish_reason=FinishReason(type="error", message=message, code=400)
         )
 
     for stream in (False, True):
@@ -244,7 +244,7 @@ async def test_engine_failure_before_any_byte_is_500(code):
         yield GenerateChunk(
             rid=req.rid,
             finished=True,
-            finish_reason=FinishInfo(type="error", message="engine failure", code=code),
+            finish_reason=FinishReason(type="error", message="engine failure", code=code),
         )
 
     for stream in (False, True):
@@ -265,7 +265,7 @@ async def test_engine_failure_mid_generation():
         yield GenerateChunk(
             rid=req.rid,
             finished=True,
-            finish_reason=FinishInfo(type="error", message="engine failure", code=500),
+            finish_reason=FinishReason(type="error", message="engine failure", code=500),
         )
 
     resp = await post(FakeBackend(script), {"input_ids": [1], "max_tokens": 5})
@@ -277,7 +277,7 @@ async def test_engine_failure_mid_generation():
 
 async def test_abort_finish_passes_through():
     def script(req):
-        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishInfo(type="abort"))
+        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason(type="abort"))
 
     resp = await post(FakeBackend(script), {"input_ids": [1]})
     assert resp.status_code == 200 and resp.json()["meta_info"]["finish_reason"] == {"type": "abort"}

@@ -10,14 +10,14 @@ import pytest
 
 from ingress.backend import HandleBackend
 from tests.helpers.fakes import HANG, INFO, FakeHandle, FakeMethod
-from workers.protocol import FinishInfo, GenerateChunk, GenerateRequest
+from workers.protocol import FinishReason, GenerateChunk, GenerateRequest
 
 
 def chunks(n: int) -> list[GenerateChunk]:
     out = [GenerateChunk(rid="r", output_ids=[i]) for i in range(n - 1)]
     return [
         *out,
-        GenerateChunk(rid="r", output_ids=[n], finished=True, finish_reason=FinishInfo(type="length")),
+        GenerateChunk(rid="r", output_ids=[n], finished=True, finish_reason=FinishReason(type="length")),
     ]
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.helpers.fakes import SCORE, FakeBackend, fake_model, post
-from workers.protocol import FinishInfo, GenerateChunk, GenerateRequest
+from workers.protocol import FinishReason, GenerateChunk, GenerateRequest
 
 
 def events(resp) -> list:
@@ -116,7 +116,7 @@ def fails_on_item(bad: int, code: int | None):
     def script(req: GenerateRequest):
         if req.input_ids == [bad]:
             yield GenerateChunk(rid=req.rid, finished=True,
-                                finish_reason=FinishInfo("error", message="nope", code=code))
+                                finish_reason=FinishReason("error", message="nope", code=code))
             return
         yield from fake_model(req)
     return script
@@ -135,7 +135,7 @@ async def test_an_item_failing_mid_stream_ends_the_stream_with_its_error_event()
         chunks = list(fake_model(req))
         if req.input_ids == [9]:
             yield chunks[0]
-            yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishInfo("error", message="died"))
+            yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason("error", message="died"))
             return
         yield from chunks
 

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from tests.helpers.openai_fakes import INFO, Backend, call, error, sse, text_of, value
-from workers.protocol import FinishInfo, GenerateChunk, ModelInfo
+from workers.protocol import FinishReason, GenerateChunk, ModelInfo
 
 MESSAGES = [{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
 PROMPT = "system: S|user: Hi|assistant: "  # the fake template's rendering of MESSAGES
@@ -92,7 +92,7 @@ async def test_chat_stream_concatenates_to_the_answer():
 async def test_chat_stream_failure_is_an_error_event():
     def dies(req):
         yield GenerateChunk(rid=req.rid, text="A", output_ids=[33], completion_tokens=1)
-        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishInfo("error", message="engine died"))
+        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason("error", message="engine died"))
 
     chunks = sse(await chat({"stream": True}, Backend(dies)))
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "A"}

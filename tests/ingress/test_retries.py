@@ -20,7 +20,7 @@ from ingress.retry import RetryBudget, RetryCounter
 from ingress.settings import IngressSettings
 from tests.helpers.fakes import SCORE, FakeBackend, FakeHandle, FakeMethod, FakeResponse, fake_model
 from tests.helpers.serve import sse_events
-from workers.protocol import FinishInfo, GenerateChunk, GenerateRequest
+from workers.protocol import FinishReason, GenerateChunk, GenerateRequest
 
 
 def failing(times: int, exc: BaseException):
@@ -102,7 +102,7 @@ async def test_past_the_retry_deadline_the_answer_is_503() -> None:
 @pytest.mark.asyncio
 async def test_overload_is_503_with_retry_after_at_once_and_not_retried() -> None:
     def refused(req: GenerateRequest):
-        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishInfo(
+        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason(
             "error", message="The worker's queue is full (max_queued_requests).", code=503))
 
     for script in (refused, failing(1000, Overloaded("Serve's queue is full."))):
@@ -120,7 +120,7 @@ async def test_overload_is_503_with_retry_after_at_once_and_not_retried() -> Non
 @pytest.mark.asyncio
 async def test_neither_a_4xx_nor_an_engine_error_nor_a_started_stream_is_retried() -> None:
     def engine_error(req: GenerateRequest):
-        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishInfo("error", message="boom", code=500))
+        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason("error", message="boom", code=500))
 
     def dies_after_first(req: GenerateRequest):
         yield next(iter(fake_model(req)))

@@ -18,7 +18,7 @@ def engine(tiny_models: dict[str, Path]):
 
 
 def test_continuations_of_one_context_share_it(engine) -> None:
-    before = engine.stats()["prefix_cache_hit_tokens"]
+    before = engine.stats().prefix_cache_hit_tokens
     ctx = "The quick brown fox jumps over the lazy dog. " * 3
     rows = [RowInput(f"id={i}", context=ctx, continuation=c) for i, c in enumerate([" yes", " no", " maybe"])]
     scorer = DatasetScorer(engine, None)
@@ -27,7 +27,7 @@ def test_continuations_of_one_context_share_it(engine) -> None:
     # The context's full blocks (block_size 4; the last may hold continuation tokens) are computed once and
     # found by the two later continuations.
     full_blocks = len(scorer.tokenize(ctx)) // 4 - 1
-    assert engine.stats()["prefix_cache_hit_tokens"] - before >= 2 * 4 * full_blocks
+    assert engine.stats().prefix_cache_hit_tokens - before >= 2 * 4 * full_blocks
 
 
 def test_a_row_rejected_in_a_later_window_leaves_nothing_behind(engine, tiny_models: dict[str, Path]) -> None:
@@ -42,7 +42,7 @@ def test_a_row_rejected_in_a_later_window_leaves_nothing_behind(engine, tiny_mod
     assert max(abs(a - b) for a, b in zip(results[2].token_logprobs or [], hf_scores(tiny_models["llama"],
                                                                                     good[:9], 0), strict=True)) < 1e-4
     stats = engine.stats()
-    assert stats["running"] == 0 and stats["waiting"] == 0 and stats["kv_blocks_used"] == 0
+    assert stats.running == 0 and stats.waiting == 0 and stats.kv_blocks_used == 0
 
 
 @pytest.mark.parametrize("row,message", [

@@ -1,0 +1,208 @@
+"""The engine on a GPU, in one short run: the prepared script for a lent CUDA machine (one try, minutes of device
+time), whose CPU path the tests run so that it stays ready.
+
+    python -m bench cuda_check [--cpu-smoke] [--budget-s 270] [--out DIR] [--layers-8b 32] [--section NAME ...]
+
+Sections, each in its own try (a failing one prints its traceback and the others still run), in this order:
+  env        torch / transformers versions, device, free memory, TF32 flags, the engine's imports
+  exact      float32: SmolLM2-135M-shaped Llama (30 layers) and a tiny Qwen2, random weights, scoring rows (top-5,
+             several lengths, chunked prefill, a warm prefix-cache repeat) and 32-token greedy generation against a
+             plain transformers forward / generate on the same device (bench/device/exact.py)
+  bf16       bfloat16 scoring throughput and MFU of a random-weight Llama-3-8B-shaped model against a transformers
+             forward of the same prompts (bench/device/bf16.py)
+  invariant  batch-invariant mode's checks and bits on the device (bench/invariance/device.py), small settings
+Each section needs some seconds left to start (bf16 keeps 8 of the 32 layers when under 150 are left); once the
+run passes --budget-s (270: with the last section, under six minutes) the sections left are skipped with a note.
+Without CUDA (or with --cpu-smoke) every shape is tiny: seconds on a CPU, figures meaningless.
+Prints one summary table last; writes every figure to $OUT/cuda_check.json (default bench/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Run:
+    """What every section sees: where it runs, how small, and the time left."""
+
+    device: torch.device
+    smoke: bool
+    tmp: Path
+    deadline: float  # time.perf_counter() past which no section starts
+    layers_8b: int
+    tf32_before: dict[str, bool]  # torch's TF32 flags as found, before exact_fp32() turned them off
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+
+def exact_fp32() -> None:
+    """IEEE float32 matmuls on CUDA: TF32 would move logprobs by ~1e-3 (the engine sets the same on CUDA)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def env_section(run: Run) -> dict[str, Any]:
+    import transformers
+
+    out: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                           "cuda_available": torch.cuda.is_available(), "device": str(run.device),
+                           "smoke": run.smoke}
+    if run.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(run.device)
+        out.update(name=torch.cuda.get_device_name(run.device), free_gib=free / 2**30, total_gib=total / 2**30,
+                   capability=".".join(map(str, torch.cuda.get_device_capability(run.device))),
+                   cuda=torch.version.cuda, tf32_before=run.tf32_before)
+    else:
+        from engine.invariant.row_plan import machine_name
+
+        out["name"] = machine_name()
+    # The engine's whole import graph (no Ray, no web framework), with this transformers.
+    import engine.invariant.mode  # noqa: F401
+    import engine.llm_engine  # noqa: F401
+    import engine.models  # noqa: F401
+
+    out["engine_imports"] = "ok"
+    return out
+
+
+def invariant_section(run: Run) -> dict[str, Any]:
+    """bench/invariance/device.py's run, small: a SmolLM2-shaped checkpoint of 4 layers (the smoke run: a tiny
+    Llama, whose start-up checks take seconds rather than SmolLM2's half minute on a CPU), float32 then (time
+    allowing) bfloat16, each in both modes."""
+    from bench.device.exact import SMOKE, SMOLLM2, build
+    from bench.invariance import device as inv
+    from engine.invariant.row_plan import machine_name
+
+    if run.smoke:  # BESIDE's longest request is 700 tokens
+        model = build("llama", {**SMOLLM2, **SMOKE, "max_position_embeddings": 1024}, run.tmp / "invariant")
+    else:
+        model = inv.smollm2_shaped(run.tmp / "invariant", 4)
+    results: dict[str, Any] = {"machine": machine_name(run.device) if run.device.type == "cuda" else machine_name()}
+    for dtype in ("float32", "bfloat16"):
+        if dtype != "float32" and (run.smoke or run.left() < 60):
+            results[f"{dtype}_skipped"] = "time budget" if not run.smoke else "smoke run"
+            continue
+        for invariant in (True, False):
+            mode = "invariant" if invariant else "default"
+            try:  # one mode failing (its start-up checks refusing this device, say) leaves the others' figures
+                r = inv.mode_run(model, str(run.device), dtype, invariant, torch.get_num_threads())
+            except Exception as e:
+                traceback.print_exc()
+                results[f"{dtype} {mode}_failed"] = f"{type(e).__name__}: {e}"[:300]
+                continue
+            results[f"{dtype} {mode}"] = r
+            print(f"  invariant_device {dtype} {mode}: start {r['start_s']:.1f} s, cases {r['run_s']:.2f} s, "
+                  f"bits moved in: {r['moved'] or 'none'}", flush=True)
+    return results
+
+
+def summary_rows(name: str, res: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(section, figure, value) lines of the table printed last."""
+    if "error" in res or "skipped" in res:
+        return [(name, "FAILED" if "error" in res else "skipped", str(res.get("error") or res.get("skipped")))]
+    if name == "env":
+        free = f", {res['free_gib']:.0f}/{res['total_gib']:.0f} GiB free" if "free_gib" in res else ""
+        return [(name, "device", f"{res['name']}{free}"),
+                (name, "versions", f"torch {res['torch']}, transformers {res['transformers']}"),
+                (name, "engine imports", res["engine_imports"])]
+    if name == "exact":
+        from bench.device.exact import summary
+
+        return [(name, k, v) for k, v in summary(res)]
+    if name == "bf16":
+        from bench.device.bf16 import summary as bf16_summary
+
+        return [(name, k, v) for k, v in bf16_summary(res)]
+    rows = []
+    for key, r in res.items():
+        if isinstance(r, dict):
+            rows.append((name, key, f"moved: {r['moved'] or 'none'}; cases {r['run_s']:.2f} s"))
+        elif key.endswith("_skipped"):
+            rows.append((name, key.removesuffix("_skipped"), f"skipped ({r})"))
+        elif key.endswith("_failed"):
+            rows.append((name, key.removesuffix("_failed"), f"FAILED {r}"))
+    return rows
+
+
+def sections() -> dict[str, tuple[float | None, Callable[[Run], dict[str, Any]]]]:
+    """name -> (seconds the section needs at least to start, None: always runs; its function)."""
+    from bench.device.bf16 import bf16_section
+    from bench.device.exact import exact_section
+
+    return {"env": (None, env_section), "exact": (30, exact_section), "bf16": (60, bf16_section),
+            "invariant": (30, invariant_section)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench cuda_check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (automatic without CUDA)")
+    ap.add_argument("--budget-s", type=float, default=270.0, help="no section starts after this many seconds")
+    ap.add_argument("--layers-8b", type=int, default=32, help="layers of the Llama-3-8B-shaped model (of 32)")
+    ap.add_argument("--section", action="append", choices=["env", "exact", "bf16", "invariant"],
+                    help="repeat for several (default: all)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parents[1] / "results"))
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    smoke = a.cpu_smoke or not torch.cuda.is_available()
+    device = torch.device("cpu" if smoke else "cuda")
+    tf32 = {"matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32}
+    exact_fp32()
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    results: dict[str, Any] = {}
+    table: list[tuple[str, str, str]] = []
+    a.out.mkdir(parents=True, exist_ok=True)
+    path = a.out / "cuda_check.json"
+    with tempfile.TemporaryDirectory(prefix="rayscore-cuda-check-") as tmp:
+        run = Run(device, smoke, Path(tmp), t0 + a.budget_s, a.layers_8b, tf32)
+        for name, (needs_s, fn) in sections().items():
+            if a.section and name not in a.section:
+                continue
+            s0 = time.perf_counter()
+            if needs_s is not None and run.left() < needs_s:
+                res: dict[str, Any] = {"skipped": f"{run.left():.0f} s left of --budget-s {a.budget_s:.0f}, "
+                                                  f"the section needs {needs_s:.0f}"}
+            else:
+                print(f"== {name} ({s0 - t0:.0f} s in)", flush=True)
+                try:
+                    res = fn(run)
+                except Exception as e:  # the other sections still run
+                    traceback.print_exc()
+                    res = {"error": f"{type(e).__name__}: {e}"[:300]}
+            res["wall_s"] = time.perf_counter() - s0
+            results[name] = res
+            table += summary_rows(name, res)
+            path.write_text(json.dumps(results, indent=1, default=str))  # what is done survives a kill
+            gc.collect()  # the section's models go before the next one loads its own
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    print(f"\ncuda_check on {device} ({'CPU smoke: figures meaningless' if smoke else 'full'}), "
+          f"{time.perf_counter() - t0:.0f} s; wrote {path}")
+    width = max((len(r[0]) + len(r[1]) for r in table), default=10) + 3
+    for section, figure, value in table:
+        print(f"{section + ' | ' + figure:<{width}} | {value}")
+
+
+if __name__ == "__main__":
+    main()

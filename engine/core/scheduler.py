@@ -1,0 +1,176 @@
+"""Continuous batching: each step, one token per decoding request plus prefill chunks, within budgets.
+
+A long prefill never takes the whole step while others wait: each request's chunk is first capped at
+long_prefill_token_threshold, and the budget left after everyone had a turn goes back to the capped chunks,
+fewest tokens left first. A request that arrives during a long prefill is computed in the next step (whole if
+it fits the budget the long one leaves); a long prefill alone still fills the whole budget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledChunk:
+    seq: Sequence
+    # First position computed in this step (= seq.num_computed_tokens when scheduled).
+    start: int
+    # Tokens computed in this step: positions start .. start + num_tokens - 1.
+    num_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    # In batch order: the model runner lays the tokens out flat in this order.
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    # Requests that lost their blocks this step and will be recomputed from scratch.
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
+                 hidden_state_store: bool = True, long_prefill_token_threshold: int | None = None) -> None:
+        self.kv = kv
+        self.hidden_state_store = hidden_state_store
+        self.max_num_batched_tokens = max_num_batched_tokens
+        # A request's first share of a step; None: a quarter of the budget (EngineConfig's default).
+        self.chunk_cap = long_prefill_token_threshold or max(1, max_num_batched_tokens // 4)
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # oldest first: the newest is preempted first
+        self.num_preemptions = 0  # since start: each one frees a request's blocks for a later recompute
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def live(self) -> list[Sequence]:
+        return [*self.running, *self.waiting]
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted:  # a step that had to preempt admits nobody new
+            budget = self._schedule_waiting(out, budget)
+        self._extend_capped(out, budget)
+        return out
+
+    def _first_share(self, seq: Sequence, budget: int) -> int:
+        """Tokens a request gets before everyone else scheduled this step has had a turn."""
+        return min(seq.num_tokens - seq.num_computed_tokens, budget, self.chunk_cap)
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Running requests, oldest first: decodes and the next chunks of chunked prefills. When the KV cache is
+        full, the newest running request is preempted, so a request that is scheduled is never preempted later
+        in the same step. Returns the token budget left."""
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = self._first_share(seq, budget)
+            while not self.kv.allocate(seq, n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    return budget  # seq preempted itself: nothing older is left to try
+            self._add_chunk(out, seq, n)
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Waiting requests, first come first served, while the budgets and the KV cache allow. Returns the token
+        budget left."""
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            first = seq.scheduled_time is None
+            if not seq.block_table:  # new, or preempted: start after its longest cached prefix
+                cached = self.kv.match_prefix(seq, self.reusable_prefix(seq), count=first)
+                if first:
+                    seq.num_cached_tokens = cached
+            # May be 0: a scoring request whose whole prompt is cached runs no layer at all.
+            n = self._first_share(seq, budget)
+            if not self.kv.allocate(seq, n):
+                self.kv.free(seq)  # don't sit on cached blocks while waiting
+                seq.num_computed_tokens = 0
+                return budget
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            if first:
+                seq.scheduled_time = time.monotonic()
+            self.running.append(seq)
+            self._add_chunk(out, seq, n)
+            budget -= n
+        return budget
+
+    def _extend_capped(self, out: SchedulerOutput, budget: int) -> None:
+        """Give the budget left to the chunks cut at the cap, fewest tokens left first (ties: oldest first), so
+        the requests nearest their end finish soonest; while the KV cache allows, never preempting for it. Their
+        new full blocks are registered at once, like any scheduled block."""
+        def left(c: ScheduledChunk) -> int:
+            return c.seq.num_tokens - c.start - c.num_tokens
+
+        for chunk in sorted(out.chunks, key=left):  # stable: batch order (oldest first) among equals
+            if budget <= 0:
+                return
+            seq = chunk.seq
+            extra = min(left(chunk), budget)
+            if extra <= 0 or not self.kv.allocate(seq, chunk.num_tokens + extra):
+                continue
+            chunk.num_tokens += extra
+            self.kv.cache_full_blocks(seq, chunk.start + chunk.num_tokens)
+            budget -= extra
+
+    def _add_chunk(self, out: SchedulerOutput, seq: Sequence, num_tokens: int) -> None:
+        out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, num_tokens))
+        self.kv.cache_full_blocks(seq, seq.num_computed_tokens + num_tokens)
+
+    def update(self, chunk: ScheduledChunk, num_scored_rows: int, sampled: int | None) -> None:
+        """Record what the step computed for a chunk: its tokens, its scoring rows and the token sampled after
+        it (None when the chunk does not end a generating request's context)."""
+        seq = chunk.seq
+        seq.num_computed_tokens += chunk.num_tokens
+        seq.num_scored_rows += num_scored_rows
+        if sampled is not None:
+            seq.token_ids.append(sampled)
+
+    def reusable_prefix(self, seq: Sequence) -> int:
+        """How many leading tokens may come from the prefix cache."""
+        limit = seq.num_tokens
+        if seq.generates:
+            limit -= 1  # the last token is computed: its row samples the next one
+        if seq.params.scores_input and not self.hidden_state_store:
+            # Without stored hidden states a scoring row needs its position computed: reuse only before N.
+            limit = min(limit, seq.params.logprob_start_len)
+        return max(0, limit)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free everything the request holds and queue it first for recompute. Produced scoring rows and
+        generated tokens are kept: recompute covers prompt + generated tokens and skips rows already made."""
+        self.num_preemptions += 1
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finished_time = time.monotonic()

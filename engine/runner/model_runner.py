@@ -1,0 +1,261 @@
+"""Runs one scheduled step: lays the chunks out flat, runs the model, projects only the rows it needs.
+Knows nothing of HTTP, Ray or text.
+
+A step is four verbs: prepare (the flat batch and a plan of which rows score and which sample), run_model
+(the transformer over the new tokens), score (the scoring rows) and sample (one row per generating request
+whose context is complete)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import EngineConfig
+from engine.core.scheduler import ScheduledChunk, SchedulerOutput
+from engine.core.sequence import Sequence
+from engine.invariant.attention import InvariantPagedAttention
+from engine.invariant.mode import StepLimits, set_batch_invariant
+from engine.layers.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from engine.models.llama import LlamaForCausalLM
+from engine.outputs import TokenLogprob
+from engine.parallel.driver import TensorParallel
+from engine.runner.logprobs import row_scores, top_k_rows
+from engine.runner.sampler import sample
+from engine.runner.scorer import RowRequest, RowScorer
+
+
+@dataclass
+class ChunkResult:
+    # Scoring rows produced in this chunk, in position order (empty when none).
+    score_logprobs: list[TokenLogprob]
+    score_top: list[list[TokenLogprob] | None]
+    # Per scoring row, the values of the request's token_ids_logprob (None where it asks none).
+    score_token_ids: list[list[TokenLogprob] | None] = field(default_factory=list)
+    # The token sampled from the chunk's last row, when the chunk completes a generating request's context.
+    sampled: int | None = None
+    sampled_logprob: TokenLogprob | None = None
+    sampled_top: list[TokenLogprob] | None = None
+
+
+@dataclass
+class ChunkLayout:
+    """Where one scheduled chunk sits in the step."""
+
+    # The chunk's first row in the flat batch of new tokens.
+    offset: int
+    # [len(block_table) x block_size] the KV slot of every position the request's block table covers.
+    slots: torch.Tensor
+    # Input positions whose scoring rows this step produces: score_lo .. score_hi (none when hi < lo).
+    score_lo: int = 0
+    score_hi: int = -1
+    # The chunk ends a generating request's context: its last row samples the next token.
+    samples: bool = False
+
+    @property
+    def num_score_rows(self) -> int:
+        return max(0, self.score_hi - self.score_lo + 1)
+
+
+@dataclass
+class ScorePlan:
+    """The step's scoring rows, chunk by chunk, each chunk's in position order (row p scores token p+1)."""
+
+    # Rows per chunk, in batch order: how the results are handed back.
+    counts: list[int] = field(default_factory=list)
+    # [R] index of each row's hidden state: a row of the forward's output, or (a position cached before this
+    # step) a row appended after them from the hidden-state store.
+    rows: list[int] = field(default_factory=list)
+    targets: list[int] = field(default_factory=list)  # [R] the token each row scores
+    top_k: list[int] = field(default_factory=list)  # [R] how many top tokens each row reports
+    temps: list[float] = field(default_factory=list)  # [R] input_logprob_temperature of each row
+    token_ids: list[list[int] | None] = field(default_factory=list)  # [R] token_ids_logprob of each row
+    slots: list[torch.Tensor] = field(default_factory=list)  # per chunk: [rows] KV slot of each scored position
+    cached: list[bool] = field(default_factory=list)  # [R] position was computed before this step
+    # Slots whose stored hidden state is appended after the forward's rows, in that order.
+    stored: list[torch.Tensor] = field(default_factory=list)
+    num_stored: int = 0
+
+
+@dataclass
+class StepPlan:
+    # The transformer's input; None when every chunk of the step is served from the cache (no new token).
+    input_ids: torch.Tensor | None  # [T]
+    positions: torch.Tensor | None  # [T]
+    meta: AttentionMetadata
+    scores: ScorePlan
+    # (row in the flat batch, chunk index) of each row that samples.
+    sample_rows: list[tuple[int, int]]
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, config: EngineConfig, device: torch.device, num_blocks: int,
+                 parallel: TensorParallel | None = None) -> None:
+        """parallel: rank 0's handle on the other ranks when the model is split (model is then this rank's
+        shard); it announces each forward and runs the vocab-parallel LM head."""
+        self.model = model
+        self.parallel = parallel
+        self.forwards = 0  # transformer forwards run (steps not served wholly from the cache)
+        self.config = config
+        self.device = device
+        self.block_size = config.block_size
+        self.invariant = config.batch_invariant
+        blockers = model.batch_invariant_blockers() if self.invariant else []
+        if blockers:  # refused at start rather than served with bits that follow the batch
+            raise ValueError(f"batch_invariant is not available for {type(model).__name__}: the mode does not cover "
+                             f"{'; '.join(blockers)}")
+        set_batch_invariant(model, self.invariant, StepLimits.of(config))
+        self.backend: AttentionBackend = InvariantPagedAttention() if self.invariant else TorchPagedAttention()
+        num_slots = num_blocks * self.block_size
+        shape = (num_slots, model.num_kv_heads, model.head_dim)
+        # One [slots, Hkv, D] tensor per layer for K and for V; slot = block * block_size + offset.
+        self.kv_caches = [(torch.zeros(shape, dtype=model.dtype, device=device),
+                           torch.zeros(shape, dtype=model.dtype, device=device)) for _ in range(model.num_layers)]
+        self._offsets = torch.arange(self.block_size, device=device)
+        # The last layer's hidden state (before the row-wise final norm) of every computed position, by KV slot,
+        # so a scoring row in a cached block needs only the LM head. hidden/(2 x layers x kv_heads x head_dim)
+        # of the KV cache's size: 5% for SmolLM2, 6% for an 8B Llama.
+        store = config.hidden_state_store and config.enable_prefix_cache
+        self.hidden_store = (torch.zeros(num_slots, model.hidden_size, dtype=model.dtype, device=device)
+                             if store else None)
+        self.scorer = RowScorer(model, config.logprobs_mode, config.score_rows_per_block, num_slots, device,
+                                lse_store=store, batch_invariant=self.invariant, parallel=parallel)
+
+    @staticmethod
+    def bytes_per_block(model: LlamaForCausalLM, block_size: int) -> int:
+        return block_size * model.kv_bytes_per_token()
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput, generators: dict[str, torch.Generator]) -> list[ChunkResult]:
+        plan = self.prepare(sched)
+        hidden = self.run_model(plan)  # [T + stored rows, hidden]
+        results = [ChunkResult([], []) for _ in sched.chunks]
+        self.score(hidden, plan.scores, results)
+        self.sample(hidden, plan.sample_rows, sched, results, generators)
+        return results
+
+    # --- prepare ----------------------------------------------------------------------------------
+    def prepare(self, sched: SchedulerOutput) -> StepPlan:
+        """Lay the chunks out flat in batch order; plan which rows score and which sample."""
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        new_slots: list[torch.Tensor] = []
+        meta = AttentionMetadata(slot_mapping=torch.empty(0), starts=[], lens=[], context_slots=[])
+        layouts: list[ChunkLayout] = []
+        offset = 0
+        for chunk in sched.chunks:
+            layout = self._layout(chunk, offset)
+            seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
+            if n > 0:
+                ids.extend(seq.token_ids[start:start + n])
+                positions.append(torch.arange(start, start + n, device=self.device))
+                new_slots.append(layout.slots[start:start + n])
+                meta.starts.append(start)
+                meta.lens.append(n)
+                meta.context_slots.append(layout.slots[:start + n])
+            layouts.append(layout)
+            offset += n
+        if offset > 0:
+            meta.slot_mapping = torch.cat(new_slots)
+            meta.finalize(self.device, self.model.dtype)
+        scores = self._plan_scores(sched.chunks, layouts, offset)
+        samples = [(lay.offset + c.num_tokens - 1, ci)
+                   for ci, (c, lay) in enumerate(zip(sched.chunks, layouts, strict=True)) if lay.samples]
+        return StepPlan(torch.tensor(ids, device=self.device) if offset else None,
+                        torch.cat(positions) if offset else None, meta, scores, samples)
+
+    def _layout(self, chunk: ScheduledChunk, offset: int) -> ChunkLayout:
+        seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
+        table = torch.tensor(seq.block_table, device=self.device, dtype=torch.long)
+        layout = ChunkLayout(offset, (table[:, None] * self.block_size + self._offsets[None, :]).flatten())
+        if seq.params.scores_input:
+            # Row p scores token p+1; rows already produced (before a preemption) are not redone.
+            layout.score_lo = seq.next_score_position
+            layout.score_hi = min(seq.last_score_position, start + n - 1)
+        layout.samples = seq.generates and n > 0 and start + n == seq.num_tokens
+        return layout
+
+    def _plan_scores(self, chunks: list[ScheduledChunk], layouts: list[ChunkLayout], num_rows: int) -> ScorePlan:
+        """num_rows: rows in the forward's output; rows read from the hidden-state store come after them."""
+        plan = ScorePlan()
+        for chunk, lay in zip(chunks, layouts, strict=True):
+            count = lay.num_score_rows
+            plan.counts.append(count)
+            if count:
+                self._plan_chunk_scores(plan, chunk.seq, chunk.start, lay, num_rows)
+        return plan
+
+    def _plan_chunk_scores(self, plan: ScorePlan, seq: Sequence, start: int, lay: ChunkLayout,
+                           num_rows: int) -> None:
+        lo, hi = lay.score_lo, lay.score_hi
+        # Positions before `start` were computed in an earlier step (or come from the prefix cache): their
+        # hidden states are in the store. They lead, since positions go in order.
+        num_cached = max(0, min(hi + 1, start) - lo)
+        if num_cached:
+            assert self.hidden_store is not None, "cached scoring row without a hidden store"
+            first = num_rows + plan.num_stored
+            plan.rows.extend(range(first, first + num_cached))
+            plan.stored.append(lay.slots[lo:lo + num_cached])
+            plan.num_stored += num_cached
+        plan.rows.extend(range(lay.offset + lo + num_cached - start, lay.offset + hi + 1 - start))
+        plan.targets.extend(seq.token_ids[lo + 1:hi + 2])
+        plan.top_k.extend([seq.params.top_logprobs_num] * lay.num_score_rows)
+        plan.temps.extend([seq.params.score_temperature] * lay.num_score_rows)
+        plan.token_ids.extend([seq.params.token_ids_logprob] * lay.num_score_rows)
+        plan.slots.append(lay.slots[lo:hi + 1])
+        plan.cached.extend([True] * num_cached + [False] * (lay.num_score_rows - num_cached))
+
+    # --- forward ----------------------------------------------------------------------------------
+    def run_model(self, plan: StepPlan) -> torch.Tensor:
+        """The last layer's hidden states of the new tokens, then those the scoring rows read from the store:
+        [T + stored rows, hidden]. Keeps the new ones in the store for later scoring rows."""
+        if plan.input_ids is not None:
+            assert plan.positions is not None
+            if self.parallel is not None:
+                self.parallel.announce_forward(plan.input_ids, plan.positions, plan.meta)
+            self.forwards += 1
+            hidden = self.model(plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.backend)  # [T, H]
+            if self.hidden_store is not None:
+                self.hidden_store.index_copy_(0, plan.meta.slot_mapping, hidden)
+                self.scorer.forget(plan.meta.slot_mapping)
+        else:  # every request in the step is served from the cache: no transformer layer runs
+            hidden = torch.empty(0, self.model.hidden_size, device=self.device, dtype=self.model.dtype)
+        if plan.scores.stored:
+            assert self.hidden_store is not None
+            hidden = torch.cat([hidden, self.hidden_store[torch.cat(plan.scores.stored)]])
+        return hidden
+
+    # --- score and sample -------------------------------------------------------------------------
+    def score(self, hidden: torch.Tensor, plan: ScorePlan, results: list[ChunkResult]) -> None:
+        if not plan.rows:
+            return
+        got = self.scorer.score(hidden[torch.tensor(plan.rows, device=self.device)], RowRequest(
+            torch.tensor(plan.targets, device=self.device), plan.top_k, torch.cat(plan.slots),
+            torch.tensor(plan.cached, device=self.device), plan.temps, plan.token_ids))
+        at = 0
+        for result, count in zip(results, plan.counts, strict=True):
+            result.score_logprobs = got.values[at:at + count]
+            result.score_top = got.tops[at:at + count]
+            result.score_token_ids = got.token_ids[at:at + count]
+            at += count
+
+    def sample(self, hidden: torch.Tensor, rows: list[tuple[int, int]], sched: SchedulerOutput,
+               results: list[ChunkResult], generators: dict[str, torch.Generator]) -> None:
+        """rows: (row in hidden, chunk index) of each chunk whose last row samples."""
+        if not rows:
+            return
+        seqs = [sched.chunks[ci].seq for _, ci in rows]
+        # [B, V] with B <= max_num_seqs: bounded like the scoring blocks.
+        head = self.parallel or self.model  # split: the sampler's filters need whole rows, gathered
+        logits = head.compute_logits(hidden[torch.tensor([r for r, _ in rows], device=self.device)]).float()
+        tokens = sample(logits, [s.params for s in seqs], [generators[s.request_id] for s in seqs])
+        want = [s.params.return_logprob for s in seqs]
+        values = row_scores(logits, self.config.logprobs_mode, self.invariant) if any(want) else None
+        picked = values.gather(1, tokens[:, None])[:, 0].tolist() if values is not None else None
+        tops = top_k_rows(values, [s.params.top_logprobs_num if s.params.return_logprob else 0 for s in seqs]) \
+            if values is not None else [None] * len(seqs)
+        for j, ((_, ci), tok) in enumerate(zip(rows, tokens.tolist(), strict=True)):
+            results[ci].sampled = tok
+            if want[j] and picked is not None:
+                results[ci].sampled_logprob = (picked[j], tok)
+                results[ci].sampled_top = tops[j]
