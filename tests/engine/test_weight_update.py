@@ -66,10 +66,12 @@ async def test_in_flight_requests_finish_on_the_weights_they_started_with(tiny_m
     """A generation in flight when the update arrives finishes on the old weights; a scoring request sent after
     it waits and runs on the new ones; with abort_all the one in flight is aborted instead."""
     old = tiny_models["llama"]
-    aeng = AsyncEngine(engine=make_engine(old, enable_prefix_cache=True, max_num_batched_tokens=8))
+    ids = rand_ids(24, seed=3)
+    eng = make_engine(old, enable_prefix_cache=True, max_num_batched_tokens=8)
+    # The whole answer on the old weights, before the engine thread starts: only that thread may step it.
+    reference = eng.generate([ids], greedy(40))[0]
+    aeng = AsyncEngine(engine=eng)
     try:
-        ids = rand_ids(24, seed=3)
-        reference = aeng.engine.generate([ids], greedy(40))[0]  # the whole answer on the old weights
 
         async def collect(rid: str, p) -> object:  # noqa: ANN001
             return merge_outputs([o async for o in aeng.generate(rid, ids, p)])
