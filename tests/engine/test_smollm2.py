@@ -27,7 +27,7 @@ def ids_of(n: int, seed: int) -> list[int]:
 
 @pytest.mark.parametrize("budget", [1, 3, 16, 64, 4096])
 def test_scoring_any_chunk_budget(engine: LLMEngine, smollm2_path, budget: int) -> None:
-    engine.core.scheduler.max_num_batched_tokens = budget
+    engine.scheduler.max_num_batched_tokens = budget
     ids = ids_of({1: 40, 3: 60}.get(budget, 150), budget)  # small budgets: one step per 1-3 tokens
     prompts = [ids, ids, ids]
     starts = [0, len(ids) // 2, len(ids) - 2]
@@ -38,7 +38,7 @@ def test_scoring_any_chunk_budget(engine: LLMEngine, smollm2_path, budget: int) 
 
 
 def test_mixed_batch_with_generation(engine: LLMEngine, smollm2_path) -> None:
-    engine.core.scheduler.max_num_batched_tokens = 64
+    engine.scheduler.max_num_batched_tokens = 64
     prompts = [ids_of(n, n) for n in (90, 17, 33, 120)]
     params = [scoring(0, k=2), greedy(10), scoring(16), greedy(6, k=3)]
     outs = engine.generate(prompts, params, check=True)
