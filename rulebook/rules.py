@@ -33,6 +33,25 @@ TEXT_TOO_LONG = ("The text has {chars} characters, above max_model_len x max_pro
                  "(config field `max_prompt_chars_per_token`): it cannot fit the model's context.")
 
 
+EMPTY_PROMPT = "The prompt must not be an empty string"
+REQUEST_ID_IN_USE = "request id {rid!r} is already in use"
+
+# The shape of a /generate body (ingress/generate/validation.py checks them in the contract's order); written here
+# so that docs/api.md lists them and no second file retypes them.
+TOP_K_NEEDS_LOGPROB = "top_logprobs_num requires return_logprob=True."
+ONE_PROMPT_FORM = "You must specify exactly one of prompt or input_ids"
+NO_IMAGES = "image input is not supported by this server."
+START_NEEDS_LOGPROB = "logprob_start_len requires return_logprob=True."
+START_NEEDS_RAW_MODE = "logprob_start_len requires raw_logits or raw_logprobs mode."
+START_NEEDS_SCORING_ONLY = "logprob_start_len requires max_tokens=0."
+START_NEEDS_IDS = "logprob_start_len requires input_ids."
+# A /generate batch (a list of prompts or of id lists).
+SINGLE_RID = "The rid must be a string for a single prompt."
+EMPTY_BATCH = "The prompt must not be an empty list"
+BATCH_RIDS = "The rid of a batch must be a list of {n} strings, one per item."
+BATCH_RID_REPEATS = "The rid of a batch must not repeat an id: each item is its own request."
+BATCH_ITEM = "Item {i}: {message}"
+
 @dataclass(frozen=True)
 class Violation:
     """A broken rule: its message, and the request field it concerns (None: the request as a whole)."""
@@ -58,6 +77,16 @@ class Sampling(Protocol):
 
 def empty_ids(ids: Sequence[int]) -> Violation | None:
     return Violation(EMPTY_INPUT_IDS) if not ids else None
+
+
+def empty_prompt(ids_or_text: Sequence[int] | str) -> Violation | None:
+    """A text prompt that is "" (the ingress) or that tokenizes to nothing (the worker)."""
+    return Violation(EMPTY_PROMPT) if len(ids_or_text) == 0 else None
+
+
+def request_id_in_use(rid: str, in_use: bool) -> Violation | None:
+    """Two requests under one id would be one request to the engine (its outputs, its abort)."""
+    return Violation(REQUEST_ID_IN_USE.format(rid=rid)) if in_use else None
 
 
 def token_out_of_range(ids: Sequence[int], vocab_size: int) -> Violation | None:

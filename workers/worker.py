@@ -79,8 +79,8 @@ class EngineWorker:
                 yield error_chunk(req.rid, broken.message, 400)
                 return
             ids = await self._encode(req.prompt or "", add_special_tokens=False)
-            if not ids:
-                yield error_chunk(req.rid, "The prompt must not be an empty string", 400)
+            if (empty := rules.empty_prompt(ids)) is not None:
+                yield error_chunk(req.rid, empty.message, 400)
                 return
         # aclosing: when Serve cancels this call (client gone), the engine stream is closed at once, which
         # aborts the request and frees its KV blocks.
