@@ -1,8 +1,8 @@
 """The request rulebook: every rule a request's parameters must keep, with its one message, written once.
 
 Pure (no torch, no Ray, no web framework, nothing of ours at run time), so both sides call it: the ingress
-before any work is queued (generate/validation.py, openai/validation.py, its other routes), and the engine
-as its last line of defence (LLMEngine.add_request), with the same texts. Each check returns the broken
+before any work is queued (ingress/generate/validation.py, ingress/openai/validation.py, its other routes), and
+the engine as its last line of defence (LLMEngine.add_request), with the same texts. Each check returns the broken
 rule as a Violation, or None; the caller raises it as its own error type (the ingress's InvalidRequest,
 the engine's RequestError) and decides where in its own order of rules the check runs.
 """

@@ -64,7 +64,7 @@ class GenerateBody(BaseModel):
     )
 
 
-# Response models: documentation only. The routes build their JSON by hand (responses.py) so that a
+# Response models: documentation only. The routes build their JSON by hand (render.py) so that a
 # missing `matched` stays absent and None vs [] survive exactly; FastAPI never re-serializes them.
 
 LogprobRow = list[Any]  # [value, token_id]
