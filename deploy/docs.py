@@ -71,7 +71,7 @@ def shipped_configs() -> str:
     return "\n".join(lines)
 
 
-def _messages() -> list[tuple[str, str]]:
+def messages() -> list[tuple[str, str]]:
     """(where, template) of every user-facing message of the rulebook, in the modules' order."""
     found: list[tuple[str, str]] = []
     for module in (rules, limits):
@@ -84,7 +84,7 @@ def _messages() -> list[tuple[str, str]]:
 
 
 def message_list() -> str:
-    return "\n".join(f"- `` {text} `` ({where})" for where, text in _messages())
+    return "\n".join(f"- `` {text} `` ({where})" for where, text in messages())
 
 
 def readme_page() -> str:

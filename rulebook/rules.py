@@ -22,7 +22,7 @@ TOKEN_OUT_OF_RANGE = "Token id {token_id} is out of range for the vocabulary siz
 CONTEXT_TOO_LONG = (
     "The prompt length {prompt_len} plus max_tokens {max_tokens} exceeds the model's context length {context_len}."
 )
-MAX_TOKENS_NEGATIVE = "The max_tokens {max_tokens} must be non-negative."
+NEGATIVE = "The {name} {value} must be non-negative."
 EMPTY_INPUT_IDS = "The input_ids must not be an empty list"
 LOGPROBS_DISABLED = "return_logprob(True) requested but not enabled logprobs_mode in engine configuration."
 START_PAST_END = ("logprob_start_len({start}) exceeds the last scorable source position for input_ids "
@@ -96,7 +96,12 @@ def token_out_of_range(ids: Sequence[int], vocab_size: int) -> Violation | None:
 
 
 def negative_max_tokens(max_tokens: int) -> Violation | None:
-    return Violation(MAX_TOKENS_NEGATIVE.format(max_tokens=max_tokens)) if max_tokens < 0 else None
+    return negative("max_tokens", max_tokens)
+
+
+def negative(name: str, value: int) -> Violation | None:
+    """A count the request gives (max_tokens, OpenAI's logprobs / top_logprobs) below 0."""
+    return Violation(NEGATIVE.format(name=name, value=value)) if value < 0 else None
 
 
 def context_too_long(prompt_len: int, max_tokens: int, context_len: int) -> Violation | None:
