@@ -1,5 +1,5 @@
 """The `abuse` part of `python -m bench reliability`: what one client with valid-looking requests could do to
-everyone else (issue 23), each case against the running server while a prober sends a known scoring request and
+everyone else, each case against the running server while a prober sends a known scoring request and
 GET /health every 0.5 s. Per case: the status codes, the answer's size, the time; for the run: the prober's
 failures and its slowest answer, and whether the known request's rows are the same afterwards.
 """

@@ -1,4 +1,4 @@
-"""Workload 5, streamed generation over HTTP (issue 24): 64 prompts of 40 tokens, 32 greedy tokens each, streamed
+"""Workload 5, streamed generation over HTTP: 64 prompts of 40 tokens, 32 greedy tokens each, streamed
 as server-sent events to 16 concurrent clients, against LLMEngine.generate on the same prompts in batches of 16 in
 the same run. Reports generated tokens/s, the CPU milliseconds per generated token of each serving process, and
 where each process's CPU goes by stage (bench/serving/stages.py, one untimed repetition under py-spy).
