@@ -99,7 +99,7 @@ class EngineWorker:
     async def generate_whole(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
         """Each request's whole answer (its deltas merged, the final chunk's totals), in order, from one unary call:
         a non-streamed answer needs no streaming call per prompt (each costs a generator on both sides of the handle
-        and a message per delta: README, Performance). Cancelling the call (client gone) aborts every request
+        and a message per delta: docs/performance.md). Cancelling the call (client gone) aborts every request
         not yet finished, as closing `generate`'s stream does."""
         self._whole_calls += 1
         self._whole_requests += len(reqs)
