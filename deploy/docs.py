@@ -7,6 +7,7 @@ Each generated section sits between `<!-- NAME:start -->` and `<!-- NAME:end -->
 - docs/configuration.md `config`: every field of deploy/config.py's AppConfig with its type, default and
   description, and `shipped`: what each configs/*.yaml sets in its applications' `args:`;
 - docs/api.md `messages`: every 400 message of rulebook/ (rules.py, limits.py, the sampling table);
+- docs/performance.md `reports`: the dated runs of bench/reports/;
 and docs/index.md, the site's home, is README.md with its links made relative to docs/.
 This lives at the deploy edge because AppConfig is here; it reads rulebook/ as data.
 """
@@ -71,6 +72,16 @@ def shipped_configs() -> str:
     return "\n".join(lines)
 
 
+def report_list() -> str:
+    """bench/reports/: every dated run, newest first, with its title (its first line) or its file name."""
+    lines = []
+    for path in sorted((ROOT / "bench" / "reports").glob("*.md"), reverse=True):
+        first = path.read_text().split("\n", 1)[0]
+        title = first.lstrip("# ").strip() if first.startswith("# ") else path.stem
+        lines.append(f"- `bench/reports/{path.name}`: {title}")
+    return "\n".join(lines)
+
+
 def messages() -> list[tuple[str, str]]:
     """(where, template) of every user-facing message of the rulebook, in the modules' order."""
     found: list[tuple[str, str]] = []
@@ -100,6 +111,7 @@ PAGES: dict[str, Any] = {"docs/index.md": readme_page}
 SECTIONS: dict[str, dict[str, Any]] = {
     "docs/configuration.md": {"config": config_table, "shipped": shipped_configs},
     "docs/api.md": {"messages": message_list},
+    "docs/performance.md": {"reports": report_list},
 }
 
 
