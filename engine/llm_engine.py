@@ -102,10 +102,9 @@ class LLMEngine:
                   or rules.nothing_to_compute(p.max_tokens, p.scores_input))
         if broken:
             raise RequestError(broken.message)
-        if self.kv.blocks_for(len(ids) + p.max_tokens) > self.kv.pool.num_blocks:
-            raise RequestError(f"The prompt length {len(ids)} plus max_tokens {p.max_tokens} does not fit the "
-                               f"KV cache of {self.kv.pool.num_blocks * self.config.block_size} tokens.")
-        broken = rules.negative_top_logprobs(p.top_logprobs_num) or rules.sampling_violation(p, self.vocab_size)
+        fits = self.kv.blocks_for(len(ids) + p.max_tokens) <= self.kv.pool.num_blocks
+        broken = (rules.kv_too_small(len(ids), p.max_tokens, self.kv.pool.num_blocks * self.config.block_size, fits)
+                  or rules.negative_top_logprobs(p.top_logprobs_num) or rules.sampling_violation(p, self.vocab_size))
         if broken:
             raise RequestError(broken.message)
         self._check_limits(len(ids), p)

@@ -23,6 +23,8 @@ CONTEXT_TOO_LONG = (
     "The prompt length {prompt_len} plus max_tokens {max_tokens} exceeds the model's context length {context_len}."
 )
 NEGATIVE = "The {name} {value} must be non-negative."
+KV_TOO_SMALL = ("The prompt length {prompt_len} plus max_tokens {max_tokens} does not fit the KV cache of {capacity} "
+                "tokens.")
 EMPTY_INPUT_IDS = "The input_ids must not be an empty list"
 LOGPROBS_DISABLED = "return_logprob(True) requested but not enabled logprobs_mode in engine configuration."
 START_PAST_END = ("logprob_start_len({start}) exceeds the last scorable source position for input_ids "
@@ -93,6 +95,12 @@ def token_out_of_range(ids: Sequence[int], vocab_size: int) -> Violation | None:
     """The first id outside [0, vocab_size)."""
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     return None if bad is None else Violation(TOKEN_OUT_OF_RANGE.format(token_id=bad, vocab_size=vocab_size))
+
+
+def kv_too_small(prompt_len: int, max_tokens: int, capacity: int, fits: bool) -> Violation | None:
+    """A request the worker's whole KV cache (`capacity` tokens) could never hold: it would wait forever."""
+    return None if fits else Violation(KV_TOO_SMALL.format(prompt_len=prompt_len, max_tokens=max_tokens,
+                                                           capacity=capacity))
 
 
 def negative_max_tokens(max_tokens: int) -> Violation | None:
