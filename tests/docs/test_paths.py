@@ -1,4 +1,4 @@
-"""Every repository path the README, docs/ and the code's docstrings and comments name exists.
+"""Every repository path the README, docs/, bench/reports/ and the code's docstrings and comments name exists.
 
 A file that moves leaves its old name behind in prose; these tests find it. Two kinds of names:
 - rooted, `engine/runner/scorer.py`, `ingress/openai/`, `tests/helpers/tiny_models.py` (a top-level folder of
@@ -35,7 +35,8 @@ def rooted(text: str) -> list[str]:
 
 
 def markdown_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    reports = sorted((ROOT / "bench" / "reports").glob("*.md"))
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *reports]
 
 
 def python_files() -> list[Path]:
