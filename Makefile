@@ -5,10 +5,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/local.yaml
-# Ray's Prometheus endpoint on this machine: http://127.0.0.1:$(METRICS_PORT)/metrics (README "Operating").
+# Ray's Prometheus endpoint on this machine: http://127.0.0.1:$(METRICS_PORT)/metrics (docs/operating.md).
 METRICS_PORT ?= 8080
 
-.PHONY: setup serve score test test-fast lint bench clean
+.PHONY: setup serve score test test-fast lint docs bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -43,6 +43,10 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# The documentation site from docs/ into site/; strict: a broken link or anchor fails the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python -m bench run

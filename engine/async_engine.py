@@ -25,6 +25,7 @@ from engine.llm_engine import LLMEngine, RequestError
 from engine.outputs import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.stats import ServingStats
+from rulebook import rules
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class AsyncEngine:
             if not in_use and refusal is None:
                 self._streams[request_id] = stream
         if in_use or refusal is not None:
-            error = (FinishReason("error", message=f"request id {request_id!r} is already in use", code=400)
+            error = (FinishReason("error", message=rules.REQUEST_ID_IN_USE.format(rid=request_id), code=400)
                      if in_use else FinishReason("error", message=refusal, code=OVERLOADED))
             yield convert(RequestOutput(request_id, finished=True, prompt_tokens=len(prompt_token_ids),
                                         finish_reason=error))

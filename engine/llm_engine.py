@@ -24,7 +24,7 @@ from engine.parallel.group import TPGroup
 from engine.runner.model_runner import ChunkResult, ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineCounters, EngineStats, token_load
-from rulebook import rules
+from rulebook import limits, rules
 
 
 class RequestError(ValueError):
@@ -93,9 +93,8 @@ class LLMEngine:
 
     def _check(self, request_id: str, ids: list[int], p: SamplingParams) -> None:
         """The last line of defence: the ingress checks the same rules (rulebook/rules.py) before any work."""
-        if request_id in self.seqs:
-            raise RequestError(f"request id {request_id!r} is already running")
-        broken = (rules.empty_ids(ids) or rules.token_out_of_range(ids, self.vocab_size)
+        broken = (rules.request_id_in_use(request_id, request_id in self.seqs)
+                  or rules.empty_ids(ids) or rules.token_out_of_range(ids, self.vocab_size)
                   or rules.negative_max_tokens(p.max_tokens)
                   or rules.context_too_long(len(ids), p.max_tokens, self.max_model_len)
                   or rules.logprobs_disabled(p.return_logprob, self.config.logprobs_mode)
@@ -103,10 +102,9 @@ class LLMEngine:
                   or rules.nothing_to_compute(p.max_tokens, p.scores_input))
         if broken:
             raise RequestError(broken.message)
-        if self.kv.blocks_for(len(ids) + p.max_tokens) > self.kv.pool.num_blocks:
-            raise RequestError(f"The prompt length {len(ids)} plus max_tokens {p.max_tokens} does not fit the "
-                               f"KV cache of {self.kv.pool.num_blocks * self.config.block_size} tokens.")
-        broken = rules.negative_top_logprobs(p.top_logprobs_num) or rules.sampling_violation(p, self.vocab_size)
+        fits = self.kv.blocks_for(len(ids) + p.max_tokens) <= self.kv.pool.num_blocks
+        broken = (rules.kv_too_small(len(ids), p.max_tokens, self.kv.pool.num_blocks * self.config.block_size, fits)
+                  or rules.negative_top_logprobs(p.top_logprobs_num) or rules.sampling_violation(p, self.vocab_size))
         if broken:
             raise RequestError(broken.message)
         self._check_limits(len(ids), p)
@@ -114,15 +112,10 @@ class LLMEngine:
     def _check_limits(self, num_ids: int, p: SamplingParams) -> None:
         """What one request may cost (the ingress checks the same limits first; this is the worker's own guard)."""
         cfg = self.config
-        if p.top_logprobs_num > cfg.max_top_logprobs:
-            raise RequestError(f"The top_logprobs_num {p.top_logprobs_num} exceeds the server's limit of "
-                               f"{cfg.max_top_logprobs} (config field max_top_logprobs).")
-        entries = p.logprob_entries(num_ids)
-        if entries > cfg.max_logprob_entries:
-            raise RequestError(f"The request would return {entries} logprob entries (rows x (1 + top_logprobs_num) + "
-                               "scored rows x len(token_ids_logprob))"
-                               f", above the server's limit of {cfg.max_logprob_entries} (config field "
-                               "max_logprob_entries).")
+        broken = (limits.top_logprobs_over(p.top_logprobs_num, cfg.max_top_logprobs)
+                  or limits.entries_over(p.logprob_entries(num_ids), cfg.max_logprob_entries))
+        if broken:
+            raise RequestError(broken.message)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Frees everything the request holds. Returns its final output, or None if it is not live."""

@@ -33,7 +33,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> Response:
     return JSONAnswer({"detail": jsonable_encoder(bounded_errors(list(exc.errors())))}, status_code=422)
 
 
-# Routes whose errors have the /generate contract's body (README, Quickstart); every other route speaks OpenAI's.
+# Routes whose errors have the /generate contract's body (docs/api.md); every other route speaks OpenAI's.
 CONTRACT_PATHS = frozenset({"/generate"})
 
 

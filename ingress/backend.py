@@ -85,7 +85,7 @@ class Backend(Protocol):
     async def tokenizer_info(self) -> TokenizerInfo:
         ...
 
-    # Weights (ingress/weights.py): every worker replica, through the deployment's weight registry.
+    # Weights (ingress/weights/routes.py): every worker replica, through the deployment's weight registry.
     async def update_weights(self, req: WeightUpdate) -> WeightUpdateResult:
         """Every replica loads req.model_path, or none does (success False, the reason in message)."""
         ...

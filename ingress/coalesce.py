@@ -1,4 +1,4 @@
-"""Concurrent short scoring requests sent to the workers as one call (issue 24).
+"""Concurrent short scoring requests sent to the workers as one call.
 
 Each unary worker call costs the ingress and the worker a few CPU-milliseconds of Ray Serve's own machinery
 (routing, the actor call, its metrics), as much as a 48-token request's share of a batched engine step costs on a

@@ -2,27 +2,18 @@
 
 Every route builds GenerateRequest carriers, and the lifecycle checks them here as it opens them
 (`Batch.open`), so a route added later gets the limits for free. A request over a limit is a 400 whose
-message names the limit and the config field that raises it. The body's size (413) is checked earlier, on
-the raw bytes (edge/middleware.py).
+message (rulebook/limits.py) names the limit and the config field that raises it. The body's size (413) is
+checked earlier, on the raw bytes (edge/middleware.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ingress.errors import InvalidRequest
+from ingress.errors import enforce
 from ingress.settings import IngressSettings
+from rulebook import limits
 from workers.protocol import GenerateRequest
-
-TOP_K_OVER = ("The request asks for the {k} most likely tokens per position; this server returns at most {limit} "
-              "(config field `max_top_logprobs`).")
-ENTRIES_OVER = ("The request would return {entries} logprob entries (rows x (1 + top-k) + scored rows x "
-                "len(token_ids_logprob), summed over its prompts); "
-                "this server returns at most {limit} per request (config field `max_logprob_entries`).")
-
-FAN_OUT_OVER = ("The request makes {n} worker requests (batch items, prompts, or score items x labels); this "
-                "server takes at most {limit} per request (config field `max_batch_items`).")
-FIELD_OVER = "The request's {what} is {n}, above {limit} (config field `{field}`)."
 
 
 def logprob_entries(req: GenerateRequest) -> int:
@@ -35,16 +26,11 @@ def logprob_entries(req: GenerateRequest) -> int:
 
 def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings) -> None:
     """Raise InvalidRequest (400) when the worker requests of one HTTP request exceed a limit."""
-    if len(requests) > settings.max_batch_items:
-        raise InvalidRequest(FAN_OUT_OVER.format(n=len(requests), limit=settings.max_batch_items))
+    enforce(limits.fan_out_over(len(requests), settings.max_batch_items))
     for req in requests:
         check_fields(req, settings)
-        k = req.params.top_logprobs_num
-        if k > settings.max_top_logprobs:
-            raise InvalidRequest(TOP_K_OVER.format(k=k, limit=settings.max_top_logprobs))
-    entries = sum(logprob_entries(req) for req in requests)
-    if entries > settings.max_logprob_entries:
-        raise InvalidRequest(ENTRIES_OVER.format(entries=entries, limit=settings.max_logprob_entries))
+        enforce(limits.top_logprobs_over(req.params.top_logprobs_num, settings.max_top_logprobs))
+    enforce(limits.entries_over(sum(logprob_entries(req) for req in requests), settings.max_logprob_entries))
 
 
 def check_fields(req: GenerateRequest, settings: IngressSettings) -> None:
@@ -58,5 +44,4 @@ def check_fields(req: GenerateRequest, settings: IngressSettings) -> None:
                "max_token_ids_logprob"),
               ("request id length", len(req.rid), settings.max_rid_chars, "max_rid_chars"))
     for what, n, limit, name in bounds:
-        if n > limit:
-            raise InvalidRequest(FIELD_OVER.format(what=what, n=n, limit=limit, field=name))
+        enforce(limits.field_over(what, n, limit, name))

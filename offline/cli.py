@@ -6,8 +6,8 @@
                    [--start-column N] [--window W --stride S | --no-window] [--top-k K]
 
 INPUT: JSON lines, Parquet or CSV (by extension), a local path or any URI Ray Data reads. OUTPUT: a Parquet
-dataset, every input column passed through in the input's order, plus the score columns (README, "Offline
-scoring"). A bad row gets its message in the `error` column and the others are scored.
+dataset, every input column passed through in the input's order, plus the score columns (docs/offline.md). A
+bad row gets its message in the `error` column and the others are scored.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The request rulebook: every rule a request's parameters must keep, with its one message, written once.
 
 Pure (no torch, no Ray, no web framework, nothing of ours at run time), so both sides call it: the ingress
-before any work is queued (generate/validation.py, openai/validation.py, its other routes), and the engine
-as its last line of defence (LLMEngine.add_request), with the same texts. Each check returns the broken
+before any work is queued (ingress/generate/validation.py, ingress/openai/validation.py, its other routes), and
+the engine as its last line of defence (LLMEngine.add_request), with the same texts. Each check returns the broken
 rule as a Violation, or None; the caller raises it as its own error type (the ingress's InvalidRequest,
 the engine's RequestError) and decides where in its own order of rules the check runs.
 """
@@ -22,7 +22,9 @@ TOKEN_OUT_OF_RANGE = "Token id {token_id} is out of range for the vocabulary siz
 CONTEXT_TOO_LONG = (
     "The prompt length {prompt_len} plus max_tokens {max_tokens} exceeds the model's context length {context_len}."
 )
-MAX_TOKENS_NEGATIVE = "The max_tokens {max_tokens} must be non-negative."
+NEGATIVE = "The {name} {value} must be non-negative."
+KV_TOO_SMALL = ("The prompt length {prompt_len} plus max_tokens {max_tokens} does not fit the KV cache of {capacity} "
+                "tokens.")
 EMPTY_INPUT_IDS = "The input_ids must not be an empty list"
 LOGPROBS_DISABLED = "return_logprob(True) requested but not enabled logprobs_mode in engine configuration."
 START_PAST_END = ("logprob_start_len({start}) exceeds the last scorable source position for input_ids "
@@ -32,6 +34,25 @@ NEGATIVE_TOP_LOGPROBS = "The top_logprobs_num {k} cannot be a negative integer."
 TEXT_TOO_LONG = ("The text has {chars} characters, above max_model_len x max_prompt_chars_per_token = {limit} "
                  "(config field `max_prompt_chars_per_token`): it cannot fit the model's context.")
 
+
+EMPTY_PROMPT = "The prompt must not be an empty string"
+REQUEST_ID_IN_USE = "request id {rid!r} is already in use"
+
+# The shape of a /generate body (ingress/generate/validation.py checks them in the contract's order); written here
+# so that docs/api.md lists them and no second file retypes them.
+TOP_K_NEEDS_LOGPROB = "top_logprobs_num requires return_logprob=True."
+ONE_PROMPT_FORM = "You must specify exactly one of prompt or input_ids"
+NO_IMAGES = "image input is not supported by this server."
+START_NEEDS_LOGPROB = "logprob_start_len requires return_logprob=True."
+START_NEEDS_RAW_MODE = "logprob_start_len requires raw_logits or raw_logprobs mode."
+START_NEEDS_SCORING_ONLY = "logprob_start_len requires max_tokens=0."
+START_NEEDS_IDS = "logprob_start_len requires input_ids."
+# A /generate batch (a list of prompts or of id lists).
+SINGLE_RID = "The rid must be a string for a single prompt."
+EMPTY_BATCH = "The prompt must not be an empty list"
+BATCH_RIDS = "The rid of a batch must be a list of {n} strings, one per item."
+BATCH_RID_REPEATS = "The rid of a batch must not repeat an id: each item is its own request."
+BATCH_ITEM = "Item {i}: {message}"
 
 @dataclass(frozen=True)
 class Violation:
@@ -60,14 +81,35 @@ def empty_ids(ids: Sequence[int]) -> Violation | None:
     return Violation(EMPTY_INPUT_IDS) if not ids else None
 
 
+def empty_prompt(ids_or_text: Sequence[int] | str) -> Violation | None:
+    """A text prompt that is "" (the ingress) or that tokenizes to nothing (the worker)."""
+    return Violation(EMPTY_PROMPT) if len(ids_or_text) == 0 else None
+
+
+def request_id_in_use(rid: str, in_use: bool) -> Violation | None:
+    """Two requests under one id would be one request to the engine (its outputs, its abort)."""
+    return Violation(REQUEST_ID_IN_USE.format(rid=rid)) if in_use else None
+
+
 def token_out_of_range(ids: Sequence[int], vocab_size: int) -> Violation | None:
     """The first id outside [0, vocab_size)."""
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     return None if bad is None else Violation(TOKEN_OUT_OF_RANGE.format(token_id=bad, vocab_size=vocab_size))
 
 
+def kv_too_small(prompt_len: int, max_tokens: int, capacity: int, fits: bool) -> Violation | None:
+    """A request the worker's whole KV cache (`capacity` tokens) could never hold: it would wait forever."""
+    return None if fits else Violation(KV_TOO_SMALL.format(prompt_len=prompt_len, max_tokens=max_tokens,
+                                                           capacity=capacity))
+
+
 def negative_max_tokens(max_tokens: int) -> Violation | None:
-    return Violation(MAX_TOKENS_NEGATIVE.format(max_tokens=max_tokens)) if max_tokens < 0 else None
+    return negative("max_tokens", max_tokens)
+
+
+def negative(name: str, value: int) -> Violation | None:
+    """A count the request gives (max_tokens, OpenAI's logprobs / top_logprobs) below 0."""
+    return Violation(NEGATIVE.format(name=name, value=value)) if value < 0 else None
 
 
 def context_too_long(prompt_len: int, max_tokens: int, context_len: int) -> Violation | None:

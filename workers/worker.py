@@ -79,8 +79,8 @@ class EngineWorker:
                 yield error_chunk(req.rid, broken.message, 400)
                 return
             ids = await self._encode(req.prompt or "", add_special_tokens=False)
-            if not ids:
-                yield error_chunk(req.rid, "The prompt must not be an empty string", 400)
+            if (empty := rules.empty_prompt(ids)) is not None:
+                yield error_chunk(req.rid, empty.message, 400)
                 return
         # aclosing: when Serve cancels this call (client gone), the engine stream is closed at once, which
         # aborts the request and frees its KV blocks.
@@ -99,7 +99,7 @@ class EngineWorker:
     async def generate_whole(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
         """Each request's whole answer (its deltas merged, the final chunk's totals), in order, from one unary call:
         a non-streamed answer needs no streaming call per prompt (each costs a generator on both sides of the handle
-        and a message per delta: README, Performance). Cancelling the call (client gone) aborts every request
+        and a message per delta: docs/performance.md). Cancelling the call (client gone) aborts every request
         not yet finished, as closing `generate`'s stream does."""
         self._whole_calls += 1
         self._whole_requests += len(reqs)

@@ -4,7 +4,7 @@ engine against a transformers forward of the same prompts, on the device.
 Workload: PROMPTS prompts of TOKENS random ids, every row scored (logprob_start_len 0, no top-k). The engine
 takes them in one generate() call (GPU-sized steps: EngineConfig fields below); transformers runs batches of
 HF_BATCH prompts, log_softmax of the float32 logits, gather (what a transformers user scoring text writes).
-MFU = the forward's FLOPs (bench/mfu.forward_flops, causal attention included) / measured time / the peak bf16
+MFU = the forward's FLOPs (bench/lib/mfu.py:forward_flops, causal attention included) / measured time / the peak bf16
 matmul rate measured in this run on this device. Weights are made on the device (transformers' own init, in
 bfloat16) and written once as safetensors, since the engine loads a checkpoint folder."""
 

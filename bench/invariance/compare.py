@@ -1,4 +1,4 @@
-"""The cost of batch-invariant mode (issue 17): the engine with `batch_invariant: true` against the default
+"""The cost of batch-invariant mode: the engine with `batch_invariant: true` against the default
 engine, on the inputs of workloads 1 to 3, in one process, sides alternating, median of --reps repetitions, a fresh
 engine before each (no prefix cache carried over). Goal: at most 1.3x slower (throughput ratio >= 0.77).
 

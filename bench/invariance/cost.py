@@ -1,4 +1,4 @@
-"""The cost of batch-invariant mode (issue 17) against the default kernels, on the same model in one process:
+"""The cost of batch-invariant mode against the default kernels, on the same model in one process:
 a prompt's forward pass in one chunk plus the scoring projection of every row (workload 1's shape), and a decode
 step (one new token per request after a 512-token context), sides alternating, median of the repetitions.
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# The checks README's Reliability names; a 5xx is a failure even where documented (a 503 needs no worker
+# The checks docs/operating.md's Reliability names; a 5xx is a failure even where documented (a 503 needs no worker
 # here: the fake backend always answers, and a live server under fuzzing has its workers).
 CHECK_NAMES = ("not_a_server_error", "status_code_conformance", "response_schema_conformance",
                "content_type_conformance")

@@ -3,7 +3,7 @@
     python -m bench offline [--rows 64] [--threads 2] [--batch-size 32] [--model PATH]
 
 Data: --rows prompts of 64-256 tokens of real text (bench/lib/prompts.py), scored from N = 0, written as a JSONL of
-ids. Sides, one run each (this is a throughput figure for the README, not a test):
+ids. Sides, one run each (this is a throughput figure for bench/reports/, not a test):
 - in-process: one LLMEngine (built untimed; in a plain Ray task, no Ray Data) scoring every row at once through
   offline/dataset_scorer.py, run first and again last (their mean is the figure: a shared machine's load drifts);
 - transformers: padded batches sorted by length (bench/lib/baselines.py, the same token budget as workload 2);

@@ -1,5 +1,5 @@
 """The `abuse` part of `python -m bench reliability`: what one client with valid-looking requests could do to
-everyone else (issue 23), each case against the running server while a prober sends a known scoring request and
+everyone else, each case against the running server while a prober sends a known scoring request and
 GET /health every 0.5 s. Per case: the status codes, the answer's size, the time; for the run: the prober's
 failures and its slowest answer, and whether the known request's rows are the same afterwards.
 """
@@ -132,7 +132,7 @@ def abuse(url: str, prefix: str, ids_of: Callable[[int, int], list[int]], body_t
                                                                 headers={"content-type": "text/plain"}))
             cases["chat_without_max_tokens"] = _timed(lambda: c.post(url + "/v1/chat/completions", json={
                 "messages": [{"role": "user", "content": "Hi"}], "max_tokens": None}))
-            # The last is decoded by Serve's own proxy, which answers a non-UTF-8 value with 500 (README).
+            # The last is decoded by Serve's own proxy, which answers a non-UTF-8 value with 500 (docs/operating.md).
             cases["hostile_headers"] = {f"{name.decode()}: {value[:8]!r}": _raw_header(
                 url, prefix.rstrip("/") + "/generate", name, value) for name, value in [
                     (b"Authorization", b"Bearer \xff"), (b"X-Request-ID", b"a" * 5000),

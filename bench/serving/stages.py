@@ -1,6 +1,6 @@
 """Where a served request's CPU goes inside each serving process, by stage: `py-spy record` samples of the proxy,
 the ingress and the worker during one untimed repetition, each stack put in one stage, the process's CPU (psutil,
-same repetition) split in proportion (issue 24's per-stage breakdown).
+same repetition) split in proportion (the per-stage breakdown).
 
 A stack's stage is the first rule that matches a frame, reading from the innermost frame out: pickling inside a
 handle call counts as pickling, JSON inside rendering as rendering. A worker's engine thread is one stage whatever

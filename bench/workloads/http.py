@@ -86,7 +86,7 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
         url = f"http://127.0.0.1:{port}"
         rows: list[Row] = []
         details: dict[str, Any] = {}
-        if s.http_part in ("all", "short"):  # issue 24: one fresh worker per side, so each starts cold
+        if s.http_part in ("all", "short"):  # one fresh worker per side, so each starts cold
             for _, app, *_ in http_short.HTTP_SIDES:
                 _deploy(app, {**base, "num_workers": 1, "num_threads": s.threads, **http_short.APP_ARGS.get(app, {})})
             rows, details["short"] = http_short.measure(ctx, url)

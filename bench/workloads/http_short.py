@@ -1,4 +1,4 @@
-"""Workload 5, short scoring requests over HTTP (issue 24): 400 requests of 48 tokens (100 contexts of 40 tokens x
+"""Workload 5, short scoring requests over HTTP: 400 requests of 48 tokens (100 contexts of 40 tokens x
 4 endings of 8, logprob_start_len 39), as lm-eval's loglikelihood requests are, sent by 16 and by 64 concurrent
 clients one request each, and as /generate batches of 8 (4 concurrent), against LLMEngine.generate in batches of 8
 on the same prompts in the same run. Besides requests/s it reports the CPU milliseconds per request of each

@@ -1,4 +1,4 @@
-"""Workload 5, streamed generation over HTTP (issue 24): 64 prompts of 40 tokens, 32 greedy tokens each, streamed
+"""Workload 5, streamed generation over HTTP: 64 prompts of 40 tokens, 32 greedy tokens each, streamed
 as server-sent events to 16 concurrent clients, against LLMEngine.generate on the same prompts in batches of 16 in
 the same run. Reports generated tokens/s, the CPU milliseconds per generated token of each serving process, and
 where each process's CPU goes by stage (bench/serving/stages.py, one untimed repetition under py-spy).
@@ -26,7 +26,6 @@ from bench.workloads.http_short import in_a_thread
 NAME = "5 over HTTP, streamed generation"
 APP = "gen16"
 PROMPT_TOKENS, NEW_TOKENS, CLIENTS = 40, 32, 16
-ROLES = stages.ROLES
 
 
 def prompts(source: Any, count: int, seed: int) -> list[list[int]]:
@@ -91,14 +90,14 @@ def measure(ctx: Context, url: str) -> tuple[list[Row], dict[str, Any]]:
     tokens = count * NEW_TOKENS
     tps = {k: statistics.median(tokens / sec for sec in t.seconds[k]) for k in t.seconds}
     same = sum(a == b for a, b in zip(t.warmup["http"], t.warmup["in-process"], strict=True))
-    ms = {r: statistics.median(serving_cpu.per_request_ms(c, tokens, [r])[r] for c in cpu) for r in ROLES} \
+    ms = {r: statistics.median(serving_cpu.per_request_ms(c, tokens, [r])[r] for c in cpu) for r in stages.ROLES} \
         if cpu else {}
     split, why = stages.profile(APP, tokens, lambda: asyncio.run(send(f"{url}/{APP}", sets[-1])))
     rows = [Row(NAME, f"generated tokens/s, {count} x {NEW_TOKENS} greedy tokens, {CLIENTS} streamed clients",
                 "tok/s", tps["http"], f"in-process, batches of {CLIENTS}", tps["in-process"],
                 note=t.noise("http", "in-process")),
             Row(NAME, "CPU-ms per generated token, serving processes ("
-                + ", ".join(f"{r} {ms.get(r, 0):.2f}" for r in ROLES) + ")", "ms", sum(ms.values()))]
+                + ", ".join(f"{r} {ms.get(r, 0):.2f}" for r in stages.ROLES) + ")", "ms", sum(ms.values()))]
     rows += stages.rows(NAME, f"{CLIENTS} streamed clients, per generated token", split, why)
     rows.append(Row(NAME, "greedy answers equal to in-process", "", same, f"of {count}", count))
     details = {"seconds": t.seconds, "tokens_per_s": tps, "cpu_ms_per_token": ms, "stages_ms_per_token": split,

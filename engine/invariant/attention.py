@@ -1,4 +1,4 @@
-"""Batch-invariant paged attention (issue 17): a query's output has the same bits whatever else is in the step,
+"""Batch-invariant paged attention: a query's output has the same bits whatever else is in the step,
 wherever the chunk boundaries fall and however long the context behind it is.
 
 torch's fused CPU attention blocks keys by the key length, and a matmul's bits follow its row count. Here every

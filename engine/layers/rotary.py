@@ -1,4 +1,4 @@
-"""RoPE variants on top of engine/models/rope.py: a layer type's own parameters (Gemma 3's local and global
+"""RoPE variants on top of engine/layers/rope.py: a layer type's own parameters (Gemma 3's local and global
 bases), partial rotary (Phi-3's `partial_rotary_factor`: only the first fraction of each head turns) and a check,
 at model load, that the RoPE type is one the engine computes exactly."""
 

@@ -8,6 +8,6 @@ the other ranks over the process group; no Ray here (workers/ranks.py places the
     messages.py  what rank 0 broadcasts each step
     driver.py    rank 0's side: sends each step's inputs, runs the vocab-parallel head
     follower.py  ranks 1..N-1: the loop that receives and runs them
-    loading.py   one rank's shard of the checkpoint on its device
+    engine/loading/sharded.py  one rank's shard of the checkpoint on its device
     local.py     N ranks as processes on one machine, without Ray (tests, `python -m bench tp`)
 """

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class GenerateBody(BaseModel):
-    """Request body of `POST /generate` (the contract: README, Quickstart)."""
+    """Request body of `POST /generate` (the contract: docs/api.md)."""
 
     # strict: "5" is not an int and `true` is not an int either (bool subclasses int in Python, and lax
     # mode would take [true] as [1]); ints are still accepted where a float belongs.
@@ -22,7 +22,7 @@ class GenerateBody(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
     # A list of lists (of strings) is a batch, as SGLang takes it: one worker request per item, the answer a
-    # list in the items' order (README, "Batches").
+    # list in the items' order (docs/api.md, "/generate batches").
     input_ids: list[int] | list[list[int]] | None = Field(
         None, description="The prompt as token ids, or a batch of them (a list of id lists); exactly one of "
         "input_ids / prompt."
@@ -64,7 +64,7 @@ class GenerateBody(BaseModel):
     )
 
 
-# Response models: documentation only. The routes build their JSON by hand (responses.py) so that a
+# Response models: documentation only. The routes build their JSON by hand (render.py) so that a
 # missing `matched` stays absent and None vs [] survive exactly; FastAPI never re-serializes them.
 
 LogprobRow = list[Any]  # [value, token_id]

@@ -32,17 +32,17 @@ def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None)
     if k is not None:
         enforce(rules.negative_top_logprobs(k))
     if k is not None and k > 0 and body.return_logprob is not True:
-        raise InvalidRequest("top_logprobs_num requires return_logprob=True.")
+        raise InvalidRequest(rules.TOP_K_NEEDS_LOGPROB)
     enforce(rules.logprobs_disabled(body.return_logprob is True, info.logprobs_mode))
     # 4-7: the prompt.
     if (body.prompt is None) == (body.input_ids is None):
-        raise InvalidRequest("You must specify exactly one of prompt or input_ids")
+        raise InvalidRequest(rules.ONE_PROMPT_FORM)
     if body.prompt == "":
-        raise InvalidRequest("The prompt must not be an empty string")
+        enforce(rules.empty_prompt(body.prompt))
     if body.input_ids is not None:
         enforce(rules.empty_ids(body.input_ids))
     if body.image_data is not None:
-        raise InvalidRequest("image input is not supported by this server.")
+        raise InvalidRequest(rules.NO_IMAGES)
     # 8-9: what to compute.
     enforce(rules.negative_max_tokens(body.max_tokens))
     _check_scoring(body, info)
@@ -68,17 +68,17 @@ def split_batch(body: GenerateBody) -> list[GenerateBody] | None:
         items, key = body.input_ids, "input_ids"  # type: ignore[assignment]  # a list of id lists
     else:
         if isinstance(body.rid, list):
-            raise InvalidRequest("The rid must be a string for a single prompt.")
+            raise InvalidRequest(rules.SINGLE_RID)
         return None
     if not items:
-        raise InvalidRequest("The prompt must not be an empty list")
+        raise InvalidRequest(rules.EMPTY_BATCH)
     # Without the client's ids, item i's is the HTTP request's id (or a new one) with `-i`: one per worker request.
     base = current_request_id() or uuid.uuid4().hex
     rids = body.rid if body.rid is not None else [f"{base}-{i}" for i in range(len(items))]
     if not isinstance(rids, list) or len(rids) != len(items):
-        raise InvalidRequest(f"The rid of a batch must be a list of {len(items)} strings, one per item.")
+        raise InvalidRequest(rules.BATCH_RIDS.format(n=len(items)))
     if len(set(rids)) != len(rids):  # two items under one id would be one request to the worker
-        raise InvalidRequest("The rid of a batch must not repeat an id: each item is its own request.")
+        raise InvalidRequest(rules.BATCH_RID_REPEATS)
     other = "input_ids" if key == "prompt" else "prompt"
     return [body.model_copy(update={key: item, other: None, "rid": rid}) for item, rid in zip(items, rids, strict=True)]
 
@@ -89,7 +89,7 @@ def validate_batch(items: list[GenerateBody], info: ModelInfo) -> None:
         try:
             validate(item, info)
         except InvalidRequest as exc:
-            raise InvalidRequest(f"Item {i}: {exc.message}") from exc
+            raise InvalidRequest(rules.BATCH_ITEM.format(i=i, message=exc.message)) from exc
 
 
 def _check_scoring(body: GenerateBody, info: ModelInfo) -> None:
@@ -100,13 +100,13 @@ def _check_scoring(body: GenerateBody, info: ModelInfo) -> None:
         enforce(rules.needs_input_scoring(body.input_logprob_temperature, body.token_ids_logprob))
         return
     if body.return_logprob is not True:
-        raise InvalidRequest("logprob_start_len requires return_logprob=True.")
+        raise InvalidRequest(rules.START_NEEDS_LOGPROB)
     if info.logprobs_mode not in SCORING_MODES:
-        raise InvalidRequest("logprob_start_len requires raw_logits or raw_logprobs mode.")
+        raise InvalidRequest(rules.START_NEEDS_RAW_MODE)
     if body.max_tokens != 0:
-        raise InvalidRequest("logprob_start_len requires max_tokens=0.")
+        raise InvalidRequest(rules.START_NEEDS_SCORING_ONLY)
     if body.input_ids is None:
-        raise InvalidRequest("logprob_start_len requires input_ids.")
+        raise InvalidRequest(rules.START_NEEDS_IDS)
     enforce(rules.start_past_end(n, len(body.input_ids)))
 
 

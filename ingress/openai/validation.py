@@ -75,8 +75,8 @@ def check_logprobs(k: int | None, info: ModelInfo, param: str) -> None:
     """k alternatives per position (None: no logprobs): non-negative, and a server that computes logprobs. The
     upper bound is the server's `max_top_logprobs`, checked for every route as its work is opened (limits.py),
     and the vocabulary size (the rulebook's sampling table)."""
-    if k is not None and k < 0:
-        raise InvalidRequest(f"The {param} {k} must be non-negative.", param=param)
+    if k is not None:
+        enforce(rules.negative(param, k), param=param)
     if k is not None and info.logprobs_mode != "raw_logprobs":
         raise InvalidRequest(
             f"logprobs requires the server's raw_logprobs mode; it runs {info.logprobs_mode}.", param=param)

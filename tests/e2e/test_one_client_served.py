@@ -128,8 +128,8 @@ HOSTILE = [(b"Authorization", b"Bearer \xff"), (b"Authorization", b"\xff" * 3000
            (b"X-Anything", b"\xc3\x28")]
 # Header values Serve's own proxy decodes as UTF-8 before rayscore sees the request (Ray 2.60's proxy.py and
 # http_util.py): a value that is not UTF-8 makes *the proxy* answer 500 "Internal Server Error" (text/plain); no
-# application code runs, and nothing rayscore can configure changes it (README, Reliability). What we hold it to:
-# the proxy answers (it does not hang or die) and every other client is still served.
+# application code runs, and nothing rayscore can configure changes it (docs/operating.md, Reliability). What we
+# hold it to: the proxy answers (it does not hang or die) and every other client is still served.
 SERVE_DECODED = [(b"X-Request-ID", b"\xff\xfe"), (b"x-session-id", b"\xc3\x28"),
                  (b"serve_multiplexed_model_id", b"\xff"), (b"x-request-timeout-seconds", b"\xff")]
 ROUTES = [("POST", "/generate"), ("POST", "/v1/completions"), ("GET", "/health"), ("GET", "/v1/models"),

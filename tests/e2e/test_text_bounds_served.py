@@ -1,5 +1,5 @@
-"""Texts are bounded before they are tokenized, and tokenizing runs off the worker's event loop (issue 23, item
-4): a text over max_model_len x max_prompt_chars_per_token is a 400 naming the field on every route that
+"""Texts are bounded before they are tokenized, and tokenizing runs off the worker's event loop: a text over
+max_model_len x max_prompt_chars_per_token is a 400 naming the field on every route that
 tokenizes (/generate's text prompt, /tokenize, chat), while a long text under it is tokenized as the worker keeps
 answering another client; afterwards a known scoring request returns the same rows."""
 

@@ -1,5 +1,5 @@
-"""Batch-invariant mode end to end in the engine (issue 17), in the style of vLLM's
-tests/v1/determinism/test_batch_invariance.py: needle requests alone, then amid random other requests that arrive
+"""Batch-invariant mode end to end in the engine, in the style of vLLM's determinism test
+(test_batch_invariance.py): needle requests alone, then amid random other requests that arrive
 before, with and after them, under other chunk budgets, cache states (cold, warm, partly evicted) and preemption.
 What the needles return must have the same bits every time, compared as served in JSON (a float's repr round-trips
 its bits). The same cases in the default mode are the control: there the bits move, so these tests can fail.

@@ -1,4 +1,4 @@
-"""Batch-invariant kernels (issue 17): each row's bits, compared with torch.equal, stay the same whatever the
+"""Batch-invariant kernels: each row's bits, compared with torch.equal, stay the same whatever the
 number of rows, their offset, the chunk boundaries and the key length; each has a control showing the default
 kernel is not bitwise invariant on the same cases (so these tests can fail); and the mode stays within 1e-4 of
 transformers."""

@@ -1,5 +1,6 @@
-"""Every family of tests/tiny_families.py through the engine's paths against transformers (tests/family_checks.py),
-and each family feature shown to matter: with it turned off in config.json, transformers' own rows move."""
+"""Every family of tests/helpers/tiny_families.py through the engine's paths against transformers
+(tests/helpers/families.py), and each family feature shown to matter: with it turned off in config.json,
+transformers' own rows move."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Gemma 2 beyond tests/test_model_families.py: batch-invariant mode refused, naming every feature it lacks."""
+"""Gemma 2 beyond tests/engine/test_model_families.py: batch-invariant mode refused, naming every feature it lacks."""
 
 from __future__ import annotations
 

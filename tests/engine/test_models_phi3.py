@@ -1,5 +1,5 @@
-"""Phi-3 beyond tests/test_model_families.py: served up to original_max_position_embeddings, where LongRoPE's short
-factors alone apply (engine/models/phi3.py)."""
+"""Phi-3 beyond tests/engine/test_model_families.py: served up to original_max_position_embeddings, where
+LongRoPE's short factors alone apply (engine/models/phi3.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Qwen3 beyond tests/test_model_families.py: batch-invariant mode on a Qwen3 without windows (q/k norms are
+"""Qwen3 beyond tests/engine/test_model_families.py: batch-invariant mode on a Qwen3 without windows (q/k norms are
 RMSNorms, which the mode covers), refused on one with them."""
 
 from __future__ import annotations

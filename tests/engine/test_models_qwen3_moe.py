@@ -1,4 +1,4 @@
-"""Qwen3-MoE beyond tests/test_model_families.py: the block's batched dispatch against transformers'
+"""Qwen3-MoE beyond tests/engine/test_model_families.py: the block's batched dispatch against transformers'
 Qwen3MoeSparseMoeBlock alone (with and without norm_topk_prob), sparse layers where decoder_sparse_step and
 mlp_only_layers put them, batch-invariant mode refused."""
 

@@ -1,5 +1,5 @@
 """A request id in use is refused (400) without touching the admission count of the request that holds it, and the
-admission queue never loses or double-counts tokens, whatever the order of events (issue 23, item 1)."""
+admission queue never loses or double-counts tokens, whatever the order of events."""
 
 from __future__ import annotations
 

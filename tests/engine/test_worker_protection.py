@@ -130,10 +130,11 @@ async def test_carriers_are_built_in_the_engine_thread(tiny_models, engines) -> 
 
 def test_limits_on_what_one_request_returns(tiny_models) -> None:
     eng = make_engine(tiny_models["llama"], max_top_logprobs=5, max_logprob_entries=60)
-    with pytest.raises(RequestError, match=r"top_logprobs_num 6 .* limit of 5 \(config field max_top_logprobs\)"):
+    with pytest.raises(RequestError, match=r"the 6 most likely .* at most 5 \(config field `max_top_logprobs`\)"):
         eng.add_request("k", rand_ids(10, 1), scoring(0, 6))
     # 14 scored rows x (1 + 4) = 70 entries > 60
-    with pytest.raises(RequestError, match=r"70 logprob entries .* limit of 60 \(config field max_logprob_entries\)"):
+    with pytest.raises(RequestError,
+                       match=r"70 logprob entries .* at most 60 per request \(config field `max_logprob_entries"):
         eng.add_request("e", rand_ids(15, 1), scoring(0, 4))
     out = eng.generate([rand_ids(15, 1)], scoring(0, 3))[0]  # 14 x 4 = 56: accepted
     assert len(out.input_top_logprobs) == 14 and all(len(r) == 3 for r in out.input_top_logprobs)

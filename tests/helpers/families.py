@@ -1,5 +1,5 @@
 """The checks every model family passes against transformers' float32 forward and generate, on the tiny
-checkpoints of tests/tiny_families.py: prompts longer than the sliding window, chunk budgets smaller than it,
+checkpoints of tests/helpers/tiny_families.py: prompts longer than the sliding window, chunk budgets smaller than it,
 mixed batches with top-k, prefix-cache hits past the window (hidden-state store on and off), greedy generation
 (batched decode). Each returns the largest |engine - transformers| it saw, and asserts it is within ATOL."""
 

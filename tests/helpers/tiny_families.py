@@ -1,6 +1,6 @@
 """Tiny random checkpoints of the families beyond Llama/Qwen2, built locally with transformers' own config and
-model classes (no hub), with tests/tiny_models.py's tokenizer. Windows of 7 positions (not a multiple of the tests'
-block size of 4), explicit head_dim unlike hidden / heads, soft-caps small enough to bend the values."""
+model classes (no hub), with tests/helpers/tiny_models.py's tokenizer. Windows of 7 positions (not a multiple of
+the tests' block size of 4), explicit head_dim unlike hidden / heads, soft-caps small enough to bend the values."""
 
 from __future__ import annotations
 

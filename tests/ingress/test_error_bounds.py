@@ -1,4 +1,4 @@
-"""Error bodies are bounded (issue 23, item 3): a body with 50,000 invalid items is answered with the first few
+"""Error bodies are bounded: a body with 50,000 invalid items is answered with the first few
 errors, each echo cut short, and a count of the rest, in both error shapes; small answers are unchanged."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fan-out and field bounds (issue 23, items 5 and 6): over each, a 400 naming its config field, in the route's
+"""Fan-out and field bounds: over each, a 400 naming its config field, in the route's
 own error shape; at the bound, served."""
 
 from __future__ import annotations

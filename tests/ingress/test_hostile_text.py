@@ -1,4 +1,4 @@
-"""No 5xx for what a client sends (issue 23, item 7): a lone surrogate (valid JSON, "\\ud800") anywhere a string
+"""No 5xx for what a client sends: a lone surrogate (valid JSON, "\\ud800") anywhere a string
 goes, and bytes that are not UTF-8, are answered 4xx or served, never 500/503, on the contract's and OpenAI's
 routes; an echo of such a string is written with JSON escapes."""
 

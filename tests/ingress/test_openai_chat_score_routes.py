@@ -62,7 +62,7 @@ async def test_chat_without_logprobs_and_default_length():
 
 async def test_chat_default_length_fits_the_workers_kv_cache():
     """A worker whose KV cache holds fewer tokens than the context: the default is what the cache leaves, so a
-    client that omits max_tokens is served instead of refused (issue 23, item 8)."""
+    client that omits max_tokens is served instead of refused."""
     backend = Backend()
     backend.info = dataclasses.replace(INFO, kv_capacity_tokens=40)
     assert (await chat({"max_tokens": None}, backend)).status_code == 200
