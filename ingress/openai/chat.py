@@ -21,10 +21,10 @@ from ingress.backend import Backend
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle
-from ingress.openai.answer import openai_events, token_texts
-from ingress.openai.chat_render import ChatChoice
-from ingress.openai.chat_schemas import ChatBody, ChatMessage
-from ingress.openai.render import completion_json, usage_json
+from ingress.openai.render.chat import ChatChoice
+from ingress.openai.render.common import completion_json, usage_json
+from ingress.openai.render.stream import openai_events, token_texts
+from ingress.openai.schemas.chat import ChatBody, ChatMessage
 from ingress.openai.validation import (
     check_logprobs,
     check_model,

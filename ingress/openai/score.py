@@ -20,40 +20,16 @@ import math
 import uuid
 
 from fastapi import Request
-from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from ingress.backend import Backend
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
-from ingress.openai.schemas import STRICT_BODY, Usage
+from ingress.openai.schemas.score import ScoreBody
 from ingress.openai.validation import check_model, check_text
 from rulebook.rules import TOKEN_OUT_OF_RANGE
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
-
-
-class ScoreBody(BaseModel):
-    """Request body of `POST /v1/score` (SGLang's ScoringRequest)."""
-
-    model_config = STRICT_BODY
-
-    model: str | None = Field(None, description="Must be the served model's name when given.")
-    query: str | list[int] | None = Field(None, description="Text, or token ids: the same kind as `items`.")
-    items: str | list[str] | list[list[int]] | None = Field(
-        None, description="One item (text) or a list of them (texts, or token-id lists): one score list each.")
-    label_token_ids: list[int] | None = Field(None, description="The tokens whose next-token probability "
-                                              "each item gets, in this order.")
-    apply_softmax: bool = Field(False, description="Softmax over the label tokens' logits (each item's scores "
-                                "sum to 1) instead of their probabilities under the full distribution.")
-    item_first: bool = Field(False, description="Score item+query instead of query+item.")
-
-
-class ScoreResponse(BaseModel):
-    scores: list[list[float]] = Field(description="Per item, in order, one probability per label token.")
-    model: str
-    usage: Usage = Field(description="prompt_tokens: the query+item tokens of every item.")
-    object: str = "scoring"
 
 
 def validate_score(body: ScoreBody, info: ModelInfo) -> tuple[str | list[int], list[str] | list[list[int]]]:

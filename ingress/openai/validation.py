@@ -1,35 +1,16 @@
-"""The rules of /v1/completions (first failure wins), and the body -> per-prompt carrier step.
+"""The rules the OpenAI routes share (the model, a text to tokenize, sampling and stopping, logprobs, a prompt's
+ids); each route module holds its own order of rules.
 
-Pure functions of the body and the worker's ModelInfo, as validation.py is for /generate. They raise the
+Pure functions of the body and the worker's ModelInfo, as generate/validation.py is for /generate. They raise the
 ingress's typed errors with `param` naming the offending field; the routes give them OpenAI's shape.
-
-Unlike /generate (contract rule 9.3), a completion may score its prompt AND generate: `echo` with
-`logprobs` asks for both, and one engine request (logprob_start_len=0, max_tokens > 0) does both, the
-prompt rows coming from the same exact scoring path as /generate's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 from ingress.errors import InvalidRequest, NotFound, enforce
-from ingress.openai.schemas import CompletionBody, SamplingFields
+from ingress.openai.schemas.common import SamplingFields
 from rulebook import rules
-from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
-
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default for legacy completions
-
-
-@dataclass(frozen=True)
-class CompletionSettings:
-    """A validated body's settings with OpenAI's defaults applied (null = default)."""
-
-    echo: bool
-    logprobs: int | None  # None: no logprobs at all; k >= 0: the token's own and k alternatives
-    stream: bool
-    include_usage: bool
-    # Every prompt's parameters but the scoring boundary, which depends on the prompt (`prompt_request`).
-    params: SamplingParams
+from workers.protocol import ModelInfo, SamplingParams
 
 
 def check_model(model: str | None, info: ModelInfo) -> None:
@@ -46,29 +27,6 @@ def check_text(text: str, info: ModelInfo, param: str = "prompt") -> None:
     broken = rules.untokenizable(text, info.max_model_len, info.prompt_chars_per_token, param)
     if broken is not None:
         raise InvalidRequest(broken.message, param=param)
-
-
-def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSettings:
-    """Raise InvalidRequest (or NotFound) for the first rule the body breaks; return its settings otherwise.
-    Prompt contents are checked later, once text prompts are tokenized (`check_prompt`)."""
-    check_model(body.model, info)
-    check_unsupported(body)
-    if body.best_of not in (None, 1):
-        raise InvalidRequest(f"best_of={body.best_of} is not supported: only 1.", param="best_of")
-    if body.suffix is not None:
-        raise InvalidRequest("suffix is not supported by this server.", param="suffix")
-    _check_prompt_not_empty(body.prompt)
-    echo = bool(body.echo)
-    max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    enforce(rules.negative_max_tokens(max_tokens), param="max_tokens")
-    if max_tokens == 0 and not echo:
-        raise InvalidRequest("max_tokens 0 requires echo=true: it returns the prompt's logprobs only.",
-                             param="max_tokens")
-    k = body.logprobs
-    check_logprobs(k, info, "logprobs")
-    params = sampling_params(body, info, max_tokens, k)
-    return CompletionSettings(echo=echo, logprobs=k, stream=bool(body.stream), include_usage=include_usage(body),
-                              params=params)
 
 
 def check_logprobs(k: int | None, info: ModelInfo, param: str) -> None:
@@ -115,24 +73,6 @@ def check_unsupported(body: SamplingFields) -> None:
             raise InvalidRequest(f"{name}={getattr(body, name)} is not supported: only 0.", param=name)
 
 
-def _check_prompt_not_empty(prompt: str | list) -> None:
-    if prompt == "" or prompt == []:
-        raise InvalidRequest("The prompt must not be empty.", param="prompt")
-    if isinstance(prompt, list):
-        for i, item in enumerate(prompt):
-            if item == "" or item == []:
-                raise InvalidRequest(f"The prompt at index {i} must not be empty.", param="prompt")
-
-
-def prompt_items(prompt: str | list) -> list[str | list[int]]:
-    """The body's prompt as a batch: each item a string or a token-id list (one choice each)."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if prompt and isinstance(prompt[0], int):
-        return [prompt]
-    return list(prompt)
-
-
 def check_prompt(index: int | None, ids: list[int], max_tokens: int, info: ModelInfo, param: str = "prompt") -> None:
     """One prompt's ids (given, or its text tokenized) against the model; `index` names it in a batch."""
     where = "The prompt" if index is None else f"The prompt at index {index}"
@@ -145,17 +85,3 @@ def check_prompt(index: int | None, ids: list[int], max_tokens: int, info: Model
     broken = rules.context_too_long(len(ids), max_tokens, info.max_model_len)
     if broken:
         raise InvalidRequest(broken.message if index is None else f"{where}: {broken.message}", param=param)
-
-
-def scores_prompt(ids: list[int], s: CompletionSettings) -> bool:
-    """Whether the prompt's own logprobs are asked for and exist (its first token is never scored)."""
-    return s.echo and s.logprobs is not None and len(ids) >= 2
-
-
-def prompt_request(rid: str, ids: list[int], s: CompletionSettings) -> GenerateRequest | None:
-    """The worker's carrier for one prompt; None when there is nothing to compute (an echo of the prompt,
-    max_tokens 0, with no logprobs or a single token that nothing predicts)."""
-    score = scores_prompt(ids, s)
-    if s.params.max_tokens == 0 and not score:
-        return None
-    return GenerateRequest(rid=rid, input_ids=list(ids), params=replace(s.params, logprob_start_len=0 if score else -1))

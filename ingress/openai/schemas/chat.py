@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ingress.openai.schemas import STRICT_BODY, SamplingFields, Usage
+from ingress.openai.schemas.common import STRICT_BODY, SamplingFields, Usage
 
 
 class ContentPart(BaseModel):

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ingress.openai.render import finish_reason, generated_ids
+from ingress.openai.render.common import finish_reason, generated_ids
 from workers.protocol import GenerateChunk
 
 
