@@ -33,18 +33,19 @@ def logprob_entries(req: GenerateRequest) -> int:
     return req.params.logprob_entries(len(req.input_ids) if req.input_ids is not None else 0)
 
 
-def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings) -> None:
-    """Raise InvalidRequest (400) when the worker requests of one HTTP request exceed a limit."""
+def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings, param: str | None = None) -> None:
+    """Raise InvalidRequest (400) when the worker requests of one HTTP request exceed a limit. param: the body's
+    field that asked for the logprobs (a route that knows it checks first, so that its 400 names the field)."""
     if len(requests) > settings.max_batch_items:
         raise InvalidRequest(FAN_OUT_OVER.format(n=len(requests), limit=settings.max_batch_items))
     for req in requests:
         check_fields(req, settings)
         k = req.params.top_logprobs_num
         if k > settings.max_top_logprobs:
-            raise InvalidRequest(TOP_K_OVER.format(k=k, limit=settings.max_top_logprobs))
+            raise InvalidRequest(TOP_K_OVER.format(k=k, limit=settings.max_top_logprobs), param=param)
     entries = sum(logprob_entries(req) for req in requests)
     if entries > settings.max_logprob_entries:
-        raise InvalidRequest(ENTRIES_OVER.format(entries=entries, limit=settings.max_logprob_entries))
+        raise InvalidRequest(ENTRIES_OVER.format(entries=entries, limit=settings.max_logprob_entries), param=param)
 
 
 def check_fields(req: GenerateRequest, settings: IngressSettings) -> None:

@@ -144,3 +144,22 @@ def undeclared_field(name: str, value: Any) -> Violation | None:
     if name in REFUSED:
         return refused_value(name, value)
     return Violation(UNKNOWN_FIELD.format(name=name), param=name)
+
+
+# vLLM's prompt_logprobs (its own texts for its own rules).
+PROMPT_LOGPROBS_NEGATIVE = "`prompt_logprobs` must be a positive value or -1."
+PROMPT_LOGPROBS_STREAM = "`prompt_logprobs` are not available when `stream=True`."
+# processed_logprobs applies the request's temperature only; vLLM's also applies top-k / top-p / min-p masks.
+PROCESSED_FILTERS = ("The server runs logprobs_mode processed_logprobs, whose logprobs follow the request's "
+                     "temperature only: {name}={value} with logprobs is not supported (leave it at its default).")
+
+
+def prompt_logprobs_violation(k: int | None, stream: bool) -> Violation | None:
+    """vLLM's rules: k >= -1 (-1: the whole vocabulary), and none with a stream unless 0."""
+    if k is None:
+        return None
+    if k < -1:
+        return Violation(PROMPT_LOGPROBS_NEGATIVE, param="prompt_logprobs")
+    if stream and k != 0:
+        return Violation(PROMPT_LOGPROBS_STREAM, param="prompt_logprobs")
+    return None

@@ -21,11 +21,14 @@ from ingress.backend import Backend
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer, enforce
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
+from ingress.limits import check_limits
 from ingress.openai.render.common import completion_json, echo_only_chunk, usage_json
 from ingress.openai.render.completions import ChoiceBuilder
 from ingress.openai.render.stream import openai_events, token_texts
 from ingress.openai.schemas.completions import CompletionBody
 from ingress.openai.validation import (
+    VllmFields,
+    check_fields,
     check_logprobs,
     check_model,
     check_prompt,
@@ -33,6 +36,8 @@ from ingress.openai.validation import (
     check_unsupported,
     include_usage,
     sampling_params,
+    scoring_params,
+    vllm_fields,
 )
 from ingress.sse import sse_data
 from rulebook import rules
@@ -52,11 +57,13 @@ class CompletionSettings:
     include_usage: bool
     # Every prompt's parameters but the scoring boundary, which depends on the prompt (`prompt_request`).
     params: SamplingParams
+    vllm: VllmFields
 
 
 def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSettings:
     """Raise InvalidRequest (or NotFound) for the first rule the body breaks; return its settings otherwise.
     Prompt contents are checked later, once text prompts are tokenized (`check_prompt`)."""
+    check_fields(body)
     check_model(body.model, info)
     check_unsupported(body)
     if body.best_of not in (None, 1):
@@ -74,7 +81,7 @@ def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSett
     check_logprobs(k, info, "logprobs")
     params = sampling_params(body, info, max_tokens, k)
     return CompletionSettings(echo=echo, logprobs=k, stream=bool(body.stream), include_usage=include_usage(body),
-                              params=params)
+                              params=params, vllm=vllm_fields(body, info, params))
 
 
 def _check_prompt_not_empty(prompt: str | list) -> None:
@@ -96,8 +103,9 @@ def prompt_items(prompt: str | list) -> list[str | list[int]]:
 
 
 def scores_prompt(ids: list[int], s: CompletionSettings) -> bool:
-    """Whether the prompt's own logprobs are asked for and exist (its first token is never scored)."""
-    return s.echo and s.logprobs is not None and len(ids) >= 2
+    """Whether the prompt's own logprobs are asked for (echo's, vLLM's prompt_logprobs) and exist (its first token
+    is never scored)."""
+    return (s.echo and s.logprobs is not None or s.vllm.prompt_logprobs is not None) and len(ids) >= 2
 
 
 def prompt_request(rid: str, ids: list[int], s: CompletionSettings) -> GenerateRequest | None:
@@ -106,7 +114,8 @@ def prompt_request(rid: str, ids: list[int], s: CompletionSettings) -> GenerateR
     score = scores_prompt(ids, s)
     if s.params.max_tokens == 0 and not score:
         return None
-    return GenerateRequest(rid=rid, input_ids=list(ids), params=replace(s.params, logprob_start_len=0 if score else -1))
+    params = scoring_params(s.params, s.vllm) if score else replace(s.params, logprob_start_len=-1)
+    return GenerateRequest(rid=rid, input_ids=list(ids), params=params)
 
 
 class CompletionRoutes:
@@ -129,11 +138,15 @@ class CompletionRoutes:
 
         cid = f"cmpl-{current_request_id() or uuid.uuid4().hex}"
         head = (cid, int(time.time()), info.model_name)
-        choices = [ChoiceBuilder(i, ids, item if isinstance(item, str) else "", settings.echo, settings.logprobs)
+        # vLLM echoes an empty text with return_token_ids (the ids are the echo).
+        choices = [ChoiceBuilder(i, ids, item if isinstance(item, str) and not settings.vllm.token_ids else "",
+                                 settings.echo, settings.logprobs, settings.vllm)
                    for i, (item, ids) in enumerate(zip(items, ids_list, strict=True))]
         # Choice index -> worker request; an echo with nothing to compute sends none.
         requests = {i: req for i, ids in enumerate(ids_list)
                     if (req := prompt_request(f"{cid}-{i}", ids, settings)) is not None}
+        if settings.vllm.prompt_logprobs is not None:  # its over-limit 400 names the field that asked
+            check_limits(list(requests.values()), batch.settings, param="prompt_logprobs")
         # The echoed text of prompts sent as ids is decoded while the worker answers.
         echoed = self._prompt_texts(choices, items, settings)
         if settings.stream:
@@ -160,7 +173,7 @@ class CompletionRoutes:
     async def _prompt_texts(self, choices: list[ChoiceBuilder], items: list[str | list[int]],
                             settings: CompletionSettings) -> None:
         """What `echo` returns for prompts sent as ids: their decoded text (a text prompt echoes itself)."""
-        if not settings.echo:
+        if not settings.echo or settings.vllm.token_ids:
             return
         todo = [c for c, item in zip(choices, items, strict=True) if not isinstance(item, str)]
         if not todo:

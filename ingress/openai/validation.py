@@ -7,10 +7,61 @@ ingress's typed errors with `param` naming the offending field; the routes give 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from ingress.errors import InvalidRequest, NotFound, enforce
 from ingress.openai.schemas.common import SamplingFields
-from rulebook import rules
+from rulebook import openai_fields, rules
 from workers.protocol import ModelInfo, SamplingParams
+
+# The logprobs modes whose values are logprobs (raw_logits are not; none computes none).
+LOGPROB_MODES = ("raw_logprobs", "processed_logprobs")
+
+
+@dataclass(frozen=True)
+class VllmFields:
+    """vLLM's fields a completion or chat answer follows, validated (docs/vllm.md)."""
+
+    prompt_logprobs: int | None  # k alternatives per prompt position (-1 resolved to the vocabulary); None: none
+    token_ids: bool  # return_token_ids: prompt_token_ids and each choice's token_ids
+    as_ids: bool  # return_tokens_as_token_ids: logprob tokens as "token_id:<id>"
+    flat_b64: bool  # return_flat_logprobs_b64: logprobs as flat base64 arrays
+    # processed_logprobs: prompt rows at the request's temperature (None: at 1, the raw rows).
+    score_temperature: float | None
+
+
+def check_fields(body: SamplingFields) -> None:
+    """Every field the body does not declare, by rulebook/openai_fields.py: only annotations pass."""
+    for name, value in (body.model_extra or {}).items():
+        enforce(openai_fields.undeclared_field(name, value))
+
+
+def vllm_fields(body: SamplingFields, info: ModelInfo, params: SamplingParams) -> VllmFields:
+    """vLLM's rules for its fields (prompt_logprobs: k >= -1, not with a stream unless 0), the logprobs mode they
+    need, and processed_logprobs' refusal of the sampling filters it does not apply to logprobs."""
+    enforce(openai_fields.prompt_logprobs_violation(body.prompt_logprobs, bool(body.stream)))
+    k = None if body.stream else body.prompt_logprobs  # 0 with a stream: vLLM streams no prompt logprobs
+    check_logprobs(None if k is None else 0, info, "prompt_logprobs")
+    processed = info.logprobs_mode == "processed_logprobs"
+    if processed and (k is not None or params.return_logprob):
+        for name, value, default in (("top_p", params.top_p, 1.0), ("top_k", params.top_k, -1),
+                                     ("min_p", params.min_p, 0.0)):
+            if value != default and not (name == "top_k" and value == 0):
+                raise InvalidRequest(openai_fields.PROCESSED_FILTERS.format(name=name, value=value), param=name)
+    temp = params.temperature if processed and params.temperature > 0 and params.temperature != 1.0 else None
+    return VllmFields(prompt_logprobs=info.vocab_size if k == -1 else k, token_ids=bool(body.return_token_ids),
+                      as_ids=bool(body.return_tokens_as_token_ids), flat_b64=body.return_flat_logprobs_b64,
+                      score_temperature=temp)
+
+
+def scoring_params(params: SamplingParams, fields: VllmFields) -> SamplingParams:
+    """The worker's parameters for a prompt whose rows are asked for (echo's logprobs, prompt_logprobs): scored from
+    position 0, as wide as the widest ask (each answer keeps its own k), with ranks for prompt_logprobs."""
+    out = replace(params, logprob_start_len=0, return_logprob=True,
+                  input_logprob_temperature=fields.score_temperature)
+    if fields.prompt_logprobs is not None:
+        out = replace(out, top_logprobs_num=max(out.top_logprobs_num, fields.prompt_logprobs), return_input_ranks=True)
+    return out
 
 
 def check_model(model: str | None, info: ModelInfo) -> None:
@@ -35,9 +86,9 @@ def check_logprobs(k: int | None, info: ModelInfo, param: str) -> None:
     and the vocabulary size (the rulebook's sampling table)."""
     if k is not None and k < 0:
         raise InvalidRequest(f"The {param} {k} must be non-negative.", param=param)
-    if k is not None and info.logprobs_mode != "raw_logprobs":
-        raise InvalidRequest(
-            f"logprobs requires the server's raw_logprobs mode; it runs {info.logprobs_mode}.", param=param)
+    if k is not None and info.logprobs_mode not in LOGPROB_MODES:
+        raise InvalidRequest(f"logprobs requires the server's raw_logprobs or processed_logprobs mode; it runs "
+                             f"{info.logprobs_mode}.", param=param)
 
 
 def sampling_params(body: SamplingFields, info: ModelInfo, max_tokens: int, k: int | None) -> SamplingParams:

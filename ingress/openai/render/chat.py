@@ -1,5 +1,6 @@
 """Worker chunks -> OpenAI chat completion JSON: the choice's `message` (or a stream's `delta`) and its
-`logprobs.content[]` entries (token, logprob, bytes, top_logprobs).
+`logprobs.content[]` entries (token, logprob, bytes, top_logprobs), with vLLM's extensions (docs/vllm.md): the
+answer's `prompt_logprobs` and `prompt_token_ids`, the choice's `token_ids`, tokens as `token_id:<id>`.
 
 A chunk is already a delta (protocol.py), so one chunk is one streamed delta and a merged chunk the whole
 message. Token strings are each id decoded alone (as for /v1/completions); `bytes` are their UTF-8 bytes.
@@ -11,13 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ingress.openai.render.common import finish_reason, generated_ids
+from ingress.openai.render.common import finish_reason, generated_ids, token_name
+from ingress.openai.render.prompt_logprobs import prompt_logprobs_ids, prompt_logprobs_json
+from ingress.openai.validation import VllmFields
 from workers.protocol import GenerateChunk
-
-
-def _entry(value: float, token_id: int, texts: Mapping[int, str]) -> dict[str, Any]:
-    token = texts[token_id]
-    return {"token": token, "logprob": value, "bytes": list(token.encode("utf-8"))}
 
 
 @dataclass
@@ -26,12 +24,30 @@ class ChatChoice:
 
     prompt_ids: list[int]
     logprobs: int | None
+    vllm: VllmFields | None = None
     started: bool = False
     completion_tokens: int = 0
 
     def needed_ids(self, chunk: GenerateChunk) -> set[int]:
-        """Ids whose token text `render(chunk, ...)` will look up."""
-        return set() if self.logprobs is None else generated_ids(chunk)
+        """Ids whose token text `render(chunk, ...)` or `answer_fields` will look up."""
+        ids: set[int] = set()
+        if self.vllm is not None and self.vllm.prompt_logprobs is not None and not self.started:
+            ids |= prompt_logprobs_ids(chunk, self.vllm.prompt_logprobs)
+        if self.logprobs is not None and not (self.vllm is not None and self.vllm.as_ids):
+            ids |= generated_ids(chunk)
+        return ids
+
+    def answer_fields(self, chunk: GenerateChunk, texts: Mapping[int, str]) -> dict[str, Any]:
+        """vLLM's fields of the answer itself (not of its choice), for the first chunk: `prompt_logprobs` (a whole
+        answer only) and `prompt_token_ids`. Call before `render`."""
+        out: dict[str, Any] = {}
+        if self.vllm is None or self.started:
+            return out
+        if self.vllm.prompt_logprobs is not None:
+            out["prompt_logprobs"] = prompt_logprobs_json(chunk, self.vllm.prompt_logprobs, texts)
+        if self.vllm.token_ids:
+            out["prompt_token_ids"] = list(self.prompt_ids)
+        return out
 
     def render(self, chunk: GenerateChunk, texts: Mapping[int, str], stream: bool) -> dict[str, Any]:
         """The choice for `chunk`: the whole `message` of a merged chunk, or a stream's `delta` (the first one
@@ -39,15 +55,25 @@ class ChatChoice:
         first = not self.started
         self.started = True
         self.completion_tokens = chunk.completion_tokens
+        as_ids = self.vllm is not None and self.vllm.as_ids
         logprobs = None
         if self.logprobs is not None:
+            k = self.logprobs  # the worker's rows may be wider (prompt_logprobs asked more): keep this field's k
+
+            def entry(value: float, token_id: int) -> dict[str, Any]:
+                token = token_name(token_id, texts, as_ids)
+                return {"token": token, "logprob": value, "bytes": list(token.encode("utf-8"))}
+
             tops = chunk.output_top_logprobs or []
-            content = [{**_entry(v, t, texts),
-                        "top_logprobs": [_entry(tv, tt, texts) for tv, tt in (tops[j] if j < len(tops) else ())]}
+            content = [{**entry(v, t), "top_logprobs": [entry(tv, tt) for tv, tt in (tops[j][:k] if j < len(tops)
+                                                                                    else ())]}
                        for j, (v, t) in enumerate(chunk.output_token_logprobs or ())]
             logprobs = {"content": content}
         if stream:
             key, message = "delta", ({"role": "assistant", "content": chunk.text} if first else {"content": chunk.text})
         else:
             key, message = "message", {"role": "assistant", "content": chunk.text}
-        return {"index": 0, key: message, "logprobs": logprobs, "finish_reason": finish_reason(chunk)}
+        out = {"index": 0, key: message, "logprobs": logprobs, "finish_reason": finish_reason(chunk)}
+        if self.vllm is not None and self.vllm.token_ids:
+            out["token_ids"] = list(chunk.output_ids)
+        return out

@@ -7,7 +7,7 @@ worker's tokenizer for the ids a choice's `needed_ids` names.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ingress.errors import IngressError
@@ -20,6 +20,12 @@ def generated_ids(chunk: GenerateChunk) -> set[int]:
     for row in chunk.output_top_logprobs or ():
         ids.update(t for _, t in row)
     return ids
+
+
+def token_name(token_id: int, texts: Mapping[int, str], as_ids: bool) -> str:
+    """A logprob entry's token: its text decoded alone, or vLLM's `token_id:<id>` (return_tokens_as_token_ids), which
+    names a token that no JSON string spells (a lone byte of a multi-byte character)."""
+    return f"token_id:{token_id}" if as_ids else texts[token_id]
 
 
 def finish_reason(chunk: GenerateChunk) -> str | None:

@@ -1,5 +1,6 @@
 """Worker chunks -> OpenAI legacy completion choices: text, the `logprobs` object (tokens, token_logprobs,
-top_logprobs, text_offset), vLLM's token ids."""
+top_logprobs, text_offset), and vLLM's extensions as vLLM writes them (docs/vllm.md): `prompt_logprobs`,
+`prompt_token_ids` and `token_ids` (return_token_ids), tokens as `token_id:<id>` (return_tokens_as_token_ids)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ingress.openai.render.common import finish_reason, generated_ids
+from ingress.openai.render.common import finish_reason, generated_ids, token_name
+from ingress.openai.render.prompt_logprobs import prompt_logprobs_ids, prompt_logprobs_json
+from ingress.openai.validation import VllmFields
 from workers.protocol import GenerateChunk
 
 
@@ -21,24 +24,32 @@ class ChoiceBuilder:
     prompt_text: str  # what `echo` returns: the prompt as sent, or its ids decoded
     echo: bool
     logprobs: int | None  # None: no `logprobs` object; k: k alternatives per position
+    vllm: VllmFields | None = None
     text_offset: int = 0  # where the next token starts in this choice's text
     started: bool = False
     completion_tokens: int = 0
 
+    @property
+    def _as_ids(self) -> bool:
+        return self.vllm is not None and self.vllm.as_ids
+
     def needed_ids(self, chunk: GenerateChunk) -> set[int]:
         """Ids whose token text `delta(chunk, ...)` will look up."""
-        if self.logprobs is None:
-            return set()
         ids: set[int] = set()
+        if self.vllm is not None and self.vllm.prompt_logprobs is not None and not self.started:
+            ids |= prompt_logprobs_ids(chunk, self.vllm.prompt_logprobs)
+        if self.logprobs is None or self._as_ids:
+            return ids
         if self.echo and not self.started:
             ids.update(self.prompt_ids)
             for row in chunk.input_top_logprobs or ():
-                ids.update(t for _, t in row)
+                ids.update(t for _, t in row[:self.logprobs])
         return ids | generated_ids(chunk)
 
     def delta(self, chunk: GenerateChunk, texts: Mapping[int, str]) -> dict[str, Any]:
         """The choice's JSON for `chunk`: a streamed delta, or the whole choice for a merged chunk."""
-        echo_now = self.echo and not self.started
+        first = not self.started
+        echo_now = self.echo and first
         self.started = True
         self.completion_tokens = chunk.completion_tokens
         logprobs = None
@@ -48,33 +59,42 @@ class ChoiceBuilder:
             tops: list[dict[str, float] | None] = []
             if echo_now:
                 # Nothing predicts the first prompt token: OpenAI's null; rows score ids[1:], in order.
-                tokens += [texts[t] for t in self.prompt_ids]
+                tokens += [token_name(t, texts, self._as_ids) for t in self.prompt_ids]
                 values.append(None)
                 tops.append(None)
                 self._rows(chunk.input_token_logprobs, chunk.input_top_logprobs, texts, values, tops)
             generated = chunk.output_token_logprobs or []
-            tokens += [texts[t] for _, t in generated]
+            tokens += [token_name(t, texts, self._as_ids) for _, t in generated]
             self._rows(generated, chunk.output_top_logprobs, texts, values, tops)
             offsets = []
             for token in tokens:
                 offsets.append(self.text_offset)
                 self.text_offset += len(token)
             logprobs = {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
-        return {
+        out = {
             "index": self.index,
             "text": (self.prompt_text if echo_now else "") + chunk.text,
             "logprobs": logprobs,
             "finish_reason": finish_reason(chunk),
         }
+        if self.vllm is not None:
+            if self.vllm.prompt_logprobs is not None and first:
+                out["prompt_logprobs"] = prompt_logprobs_json(chunk, self.vllm.prompt_logprobs, texts)
+            if self.vllm.token_ids:  # vLLM: the prompt's ids in a choice's first delta, the new ids in each
+                if first:
+                    out["prompt_token_ids"] = list(self.prompt_ids)
+                out["token_ids"] = list(chunk.output_ids)
+        return out
 
     def _rows(self, rows: list[list] | None, top_rows: list[list[list]] | None, texts: Mapping[int, str],
               values: list[float | None], tops: list[dict[str, float] | None]) -> None:
+        k = self.logprobs or 0  # the worker's rows may be wider (prompt_logprobs asked more): keep this field's k
         for j, (value, token_id) in enumerate(rows or ()):
             values.append(value)
             # The k most likely (k = `logprobs`), best first, then the actual token when it is not among
             # them: OpenAI's "up to logprobs + 1" entries. A text two ids share keeps the higher value.
             top: dict[str, float] = {}
-            for v, t in top_rows[j] if top_rows else ():
-                top.setdefault(texts[t], v)
-            top.setdefault(texts[token_id], value)
+            for v, t in top_rows[j][:k] if top_rows else ():
+                top.setdefault(token_name(t, texts, self._as_ids), v)
+            top.setdefault(token_name(token_id, texts, self._as_ids), value)
             tops.append(top)

@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 # validation.py. strict / allow_inf_nan / extra="ignore" as in schemas.GenerateBody: ints are
 # taken where a float belongs, NaN is not, and fields this server has no use for are ignored.
 STRICT_BODY = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+# The completion and chat bodies keep the fields they do not declare (`model_extra`), so that each one is judged by
+# rulebook/openai_fields.py: accepted if it only annotates, else a 400 naming it, never silently dropped.
+BODY = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
 
 class StreamOptions(BaseModel):
     model_config = STRICT_BODY
@@ -26,7 +29,7 @@ class SamplingFields(BaseModel):
     """What completions and chat completions share: sampling, stopping, streaming, and the OpenAI parameters
     this server refuses rather than ignores."""
 
-    model_config = STRICT_BODY
+    model_config = BODY
 
     model: str | None = Field(None, description="Must be the served model's name (GET /v1/models) when given.")
     temperature: float | None = Field(1.0, description="0 is greedy.")
@@ -47,6 +50,18 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # vLLM's: what TRL's teacher scoring and generation read (docs/vllm.md).
+    prompt_logprobs: int | None = Field(None, description="vLLM's: the logprob of every prompt token after the "
+                                        "first, with its rank and the k most likely tokens (-1: the whole "
+                                        "vocabulary, within `max_top_logprobs`), as `prompt_logprobs` (a choice's "
+                                        "on /v1/completions, the answer's on chat). Not with `stream` unless 0.")
+    return_token_ids: bool | None = Field(None, description="vLLM's: also `prompt_token_ids` and each choice's "
+                                          "`token_ids` (the generated ids).")
+    return_tokens_as_token_ids: bool | None = Field(None, description="vLLM's: logprob tokens as "
+                                                    "`token_id:<id>` strings instead of their text.")
+    return_flat_logprobs_b64: bool = Field(False, description="Logprobs as flat base64 arrays (little-endian "
+                                           "float32 values, int32 ids) with their shapes, SGLang's `*_flat_b64` "
+                                           "names: docs/vllm.md, compact format.")
 
 
 # Response models shared by the routes: documentation only (the routes build their JSON by hand, see render/).
