@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
+from engine import compact
 from engine.outputs import CONCAT, DEFAULT_WEIGHT_VERSION, FinishReason, FinishType, merge_outputs
 from engine.sampling_params import SamplingParams
 
@@ -26,7 +27,7 @@ FinishInfo = FinishReason
 __all__ = [
     "DEFAULT_WEIGHT_VERSION", "ChatPrompt", "FinishInfo", "FinishType", "GenerateChunk", "GenerateRequest",
     "ModelInfo", "SamplingParams", "TokenizerInfo", "WEIGHTS_NAMESPACE", "WeightUpdate", "WeightUpdateResult",
-    "WorkerStats", "error_chunk", "merge_outputs", "until_finished",
+    "WorkerStats", "compact", "error_chunk", "merge_outputs", "until_finished",
 ]
 
 

@@ -29,7 +29,7 @@ from ingress.lifecycle import Batch, Lifecycle, all_or_none
 from ingress.openai.schemas.score import ScoreBody
 from ingress.openai.validation import check_model, check_text
 from rulebook.rules import TOKEN_OUT_OF_RANGE
-from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
+from workers.protocol import GenerateRequest, ModelInfo, SamplingParams, compact
 
 
 def validate_score(body: ScoreBody, info: ModelInfo) -> tuple[str | list[int], list[str] | list[list[int]]]:
@@ -112,7 +112,12 @@ class ScoreRoutes:
                   for i in range(len(prompts))]
         n = sum(len(ids) for ids in prompts)
         usage = {"prompt_tokens": n, "completion_tokens": 0, "total_tokens": n}
-        return JSONAnswer({"scores": scores, "model": info.model_name, "usage": usage, "object": "scoring"})
+        out: dict = {"scores": scores, "model": info.model_name, "usage": usage, "object": "scoring"}
+        if body.return_flat_logprobs_b64:  # the probabilities are computed here in float64: written as float64
+            out.pop("scores")
+            out.update(compact.flat_values("scores", [p for row in scores for p in row], [len(scores), len(labels)],
+                                           "float64"))
+        return JSONAnswer(out)
 
     async def _ids(self, query: str | list[int], item: str | list[int], item_first: bool) -> list[int]:
         """The pair's ids: texts are joined, then tokenized as a text prompt is (SGLang's order of steps)."""

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ingress.openai.render.common import finish_reason, generated_ids, token_name
-from ingress.openai.render.prompt_logprobs import prompt_logprobs_ids, prompt_logprobs_json
+from ingress.openai.render.prompt_logprobs import prompt_logprobs_flat, prompt_logprobs_ids, prompt_logprobs_json
 from ingress.openai.validation import VllmFields
-from workers.protocol import GenerateChunk
+from workers.protocol import GenerateChunk, compact
 
 
 @dataclass
@@ -33,7 +33,7 @@ class ChatChoice:
         ids: set[int] = set()
         if self.vllm is not None and self.vllm.prompt_logprobs is not None and not self.started:
             ids |= prompt_logprobs_ids(chunk, self.vllm.prompt_logprobs)
-        if self.logprobs is not None and not (self.vllm is not None and self.vllm.as_ids):
+        if self.logprobs is not None and not (self.vllm is not None and (self.vllm.as_ids or self.vllm.flat_b64)):
             ids |= generated_ids(chunk)
         return ids
 
@@ -44,7 +44,9 @@ class ChatChoice:
         if self.vllm is None or self.started:
             return out
         if self.vllm.prompt_logprobs is not None:
-            out["prompt_logprobs"] = prompt_logprobs_json(chunk, self.vllm.prompt_logprobs, texts)
+            k = self.vllm.prompt_logprobs
+            out["prompt_logprobs"] = (prompt_logprobs_flat(chunk, k) if self.vllm.flat_b64
+                                      else prompt_logprobs_json(chunk, k, texts))
         if self.vllm.token_ids:
             out["prompt_token_ids"] = list(self.prompt_ids)
         return out
@@ -57,7 +59,14 @@ class ChatChoice:
         self.completion_tokens = chunk.completion_tokens
         as_ids = self.vllm is not None and self.vllm.as_ids
         logprobs = None
-        if self.logprobs is not None:
+        if self.logprobs is not None and self.vllm is not None and self.vllm.flat_b64:
+            # The compact encoding: the generated tokens' values and ids [n], the k most likely [n, k].
+            k = self.logprobs
+            rows = chunk.output_token_logprobs or []
+            tops = [r[:k] for r in chunk.output_top_logprobs or []] if k else [[] for _ in rows]
+            logprobs = {**compact.encode_token_rows("token_logprobs", rows),
+                        **compact.encode_top_rows("top_logprobs", tops)}
+        elif self.logprobs is not None:
             k = self.logprobs  # the worker's rows may be wider (prompt_logprobs asked more): keep this field's k
 
             def entry(value: float, token_id: int) -> dict[str, Any]:

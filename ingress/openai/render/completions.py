@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ingress.openai.render.common import finish_reason, generated_ids, token_name
-from ingress.openai.render.prompt_logprobs import prompt_logprobs_ids, prompt_logprobs_json
+from ingress.openai.render.prompt_logprobs import prompt_logprobs_flat, prompt_logprobs_ids, prompt_logprobs_json
 from ingress.openai.validation import VllmFields
-from workers.protocol import GenerateChunk
+from workers.protocol import GenerateChunk, compact
 
 
 @dataclass
@@ -33,12 +33,16 @@ class ChoiceBuilder:
     def _as_ids(self) -> bool:
         return self.vllm is not None and self.vllm.as_ids
 
+    @property
+    def _flat(self) -> bool:
+        return self.vllm is not None and self.vllm.flat_b64
+
     def needed_ids(self, chunk: GenerateChunk) -> set[int]:
         """Ids whose token text `delta(chunk, ...)` will look up."""
         ids: set[int] = set()
         if self.vllm is not None and self.vllm.prompt_logprobs is not None and not self.started:
             ids |= prompt_logprobs_ids(chunk, self.vllm.prompt_logprobs)
-        if self.logprobs is None or self._as_ids:
+        if self.logprobs is None or self._as_ids or self._flat:
             return ids
         if self.echo and not self.started:
             ids.update(self.prompt_ids)
@@ -53,7 +57,9 @@ class ChoiceBuilder:
         self.started = True
         self.completion_tokens = chunk.completion_tokens
         logprobs = None
-        if self.logprobs is not None:
+        if self.logprobs is not None and self._flat:
+            logprobs = self._flat_logprobs(chunk, echo_now)
+        elif self.logprobs is not None:
             tokens: list[str] = []
             values: list[float | None] = []
             tops: list[dict[str, float] | None] = []
@@ -79,12 +85,27 @@ class ChoiceBuilder:
         }
         if self.vllm is not None:
             if self.vllm.prompt_logprobs is not None and first:
-                out["prompt_logprobs"] = prompt_logprobs_json(chunk, self.vllm.prompt_logprobs, texts)
+                k = self.vllm.prompt_logprobs
+                out["prompt_logprobs"] = (prompt_logprobs_flat(chunk, k) if self._flat
+                                          else prompt_logprobs_json(chunk, k, texts))
             if self.vllm.token_ids:  # vLLM: the prompt's ids in a choice's first delta, the new ids in each
                 if first:
                     out["prompt_token_ids"] = list(self.prompt_ids)
                 out["token_ids"] = list(chunk.output_ids)
         return out
+
+    def _flat_logprobs(self, chunk: GenerateChunk, echo_now: bool) -> dict[str, Any]:
+        """The `logprobs` object in the compact encoding: each position's value and token id [n] (null_prefix 1 for the
+        echoed first prompt token), and the k most likely [n, k]; the tokens are their ids, so no text is looked up."""
+        k = self.logprobs or 0
+        rows = (list(chunk.input_token_logprobs or []) if echo_now else []) + list(chunk.output_token_logprobs or [])
+        tops = ([r[:k] for r in chunk.input_top_logprobs or []] if echo_now else []) + [
+            r[:k] for r in chunk.output_top_logprobs or []]
+        if k == 0:
+            tops = [[] for _ in rows]
+        prefix = 1 if echo_now else 0
+        return {**compact.encode_token_rows("token_logprobs", rows, null_prefix=prefix),
+                **compact.encode_top_rows("top_logprobs", tops, null_prefix=prefix)}
 
     def _rows(self, rows: list[list] | None, top_rows: list[list[list]] | None, texts: Mapping[int, str],
               values: list[float | None], tops: list[dict[str, float] | None]) -> None:

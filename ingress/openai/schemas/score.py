@@ -21,6 +21,9 @@ class ScoreBody(BaseModel):
     apply_softmax: bool = Field(False, description="Softmax over the label tokens' logits (each item's scores "
                                 "sum to 1) instead of their probabilities under the full distribution.")
     item_first: bool = Field(False, description="Score item+query instead of query+item.")
+    return_flat_logprobs_b64: bool = Field(False, description="`scores` as one flat base64 array of little-endian "
+                                           "float64 with its shape [items, labels] (`scores_val_flat_b64`, "
+                                           "`scores_shape`): docs/vllm.md, compact format.")
 
 
 class ScoreResponse(BaseModel):
