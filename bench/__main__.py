@@ -13,6 +13,8 @@
     python -m bench families [...]      Qwen3- and MoE-shaped random weights against transformers (bench/families.py)
     python -m bench cuda_check [...]    the prepared GPU run: float32 exactness, 8B bf16 MFU (bench/cuda_check.py)
     python -m bench tp [...]            tensor parallelism's per-step cost on CPU, N = 1, 2, 3 (bench/tp.py)
+    python -m bench compact [...]       logprob answers as JSON vs the compact encoding, bytes and requests/s over
+                                        HTTP at top-0/20/256 on 2,048 tokens (bench/workloads/compact.py)
 
 Workloads (default: all, in this order): long (1 long scoring, MFU, bf16, memory), short (2 many short scoring
 requests), mc (3 multiple choice with shared contexts), gen (4 generation), http (5 over HTTP: 400 short scoring
@@ -67,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
 _TOOLS = {"limits": "bench.limits", "reliability": "bench.reliability", "invariant": "bench.invariant",
           "invariant_device": "bench.invariant_device", "long_prefill": "bench.long_prefill",
           "families": "bench.families", "cuda_check": "bench.cuda_check",
-          "weight_update": "bench.weight_update", "tp": "bench.tp"}
+          "weight_update": "bench.weight_update", "tp": "bench.tp", "compact": "bench.workloads.compact"}
 
 
 def main(argv: list[str] | None = None) -> None:
