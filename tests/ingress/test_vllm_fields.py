@@ -198,3 +198,14 @@ def test_the_field_lists_cover_every_declared_field():
     lists = [set(openai_fields.HONOURED_COMPLETIONS) | set(openai_fields.HONOURED_CHAT),
              set(openai_fields.REFUSED), set(openai_fields.ANNOTATIONS)]
     assert not (lists[0] & lists[1]) and not (lists[0] & lists[2]) and not (lists[1] & lists[2])
+
+
+def test_docs_name_every_field_of_the_lists():
+    """docs/vllm.md's lists are the code's: every honoured, refused and annotation field is named there."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "vllm.md").read_text()
+    names = {*openai_fields.HONOURED_COMPLETIONS, *openai_fields.HONOURED_CHAT, *openai_fields.REFUSED,
+             *openai_fields.ANNOTATIONS}
+    missing = sorted(n for n in names if f"`{n}`" not in text)
+    assert not missing, missing
