@@ -148,7 +148,11 @@ def run_side(base: str, route: str, ids: list[int], k: int, flat: bool, clients:
     def client(count: int) -> None:
         with httpx.Client(base_url=base, timeout=600) as c:
             for _ in range(count):
-                r = c.post(path, content=payload, headers={"content-type": "application/json"})
+                try:
+                    r = c.post(path, content=payload, headers={"content-type": "application/json"})
+                except httpx.HTTPError as exc:
+                    errors.append(repr(exc))
+                    return
                 if r.status_code != 200:
                     errors.append(r.text[:300])
                     return
@@ -179,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=24, help="requests per side and repetition")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--port", type=int, default=8731)
+    ap.add_argument("--port", type=int, default=0, help="the replay server's port (default: a free one)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parents[1] / "results")
     args = ap.parse_args(argv)
     if argv and argv[0] == "serve":
@@ -187,16 +191,28 @@ def main(argv: list[str] | None = None) -> None:
     data = compute_answers(args.model, args.tokens, args.ks)
     with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:
         pickle.dump(data, f)
-    server = subprocess.Popen([sys.executable, "-m", "bench.workloads.compact", f.name, str(args.port)])
-    base = f"http://127.0.0.1:{args.port}"
+    port = args.port or _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "bench.workloads.compact", f.name, str(port)])
+    base = f"http://127.0.0.1:{port}"
     try:
         _wait(base)
         rows = [_measure(base, route, data["ids"], k, args) for route in ROUTES for k in args.ks]
     finally:
         server.terminate()
-        server.wait(30)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
         Path(f.name).unlink()
     _report(rows, args)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _wait(base: str, timeout: float = 120.0) -> None:
