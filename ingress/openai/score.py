@@ -39,7 +39,8 @@ def validate_score(body: ScoreBody, info: ModelInfo) -> tuple[str | list[int], l
     if not labels:
         raise InvalidRequest("label_token_ids must be a non-empty list of token ids.", param="label_token_ids")
     _check_ids(labels, info, "label_token_ids")
-    if info.logprobs_mode != "raw_logprobs" and not (body.apply_softmax and info.logprobs_mode == "raw_logits"):
+    logprobs = info.logprobs_mode in ("raw_logprobs", "processed_logprobs")  # label rows are at T = 1 in both
+    if not logprobs and not (body.apply_softmax and info.logprobs_mode == "raw_logits"):
         raise InvalidRequest(f"Scoring with apply_softmax={body.apply_softmax} needs the server's raw_logprobs "
                              f"mode; it runs {info.logprobs_mode}.", param="apply_softmax")
     if body.query is None or body.items is None:

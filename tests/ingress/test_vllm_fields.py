@@ -209,3 +209,12 @@ def test_docs_name_every_field_of_the_lists():
              *openai_fields.ANNOTATIONS}
     missing = sorted(n for n in names if f"`{n}`" not in text)
     assert not missing, missing
+
+
+async def test_processed_logprobs_mode_still_serves_score_rows():
+    """/v1/score's label rows are at T = 1 in either logprobs mode. (/generate's scoring keeps the contract's rule 9:
+    it needs raw_logprobs or raw_logits, as SGLang's.)"""
+    backend = Backend()
+    backend.info = replace(INFO, logprobs_mode="processed_logprobs")
+    score = {"query": [40, 41], "items": [[42]], "label_token_ids": [5]}
+    assert (await call(backend, "POST", "/v1/score", score)).status_code == 200
