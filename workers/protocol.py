@@ -38,7 +38,7 @@ class ModelInfo:
     model_name: str
     vocab_size: int
     max_model_len: int
-    # "raw_logprobs", "raw_logits" or "none".
+    # "raw_logprobs", "processed_logprobs", "raw_logits" or "none".
     logprobs_mode: str
     # The worker's max_prompt_chars_per_token: texts are bounded before anyone tokenizes them.
     prompt_chars_per_token: int = 32
