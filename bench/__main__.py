@@ -15,6 +15,8 @@ Tools, by folder (bench/lib/ holds the harness, timing and reports; bench/worklo
                lm_eval_compare (lm-eval through rayscore vs its hf backend), prefix_routing (cache-aware routing)
   invariance/  invariant (batch-invariant mode vs the default), invariant_cost (its per-kernel cost),
                invariant_device (the mode's checks and bits on this device)
+  workloads/   compact (logprob answers as JSON vs the compact encoding: bytes and requests/s over HTTP at
+               top-0/20/256 on 2,048 tokens)
 
 Workloads (default: all, in this order): long (1 long scoring, MFU, bf16, memory), short (2 many short scoring
 requests), mc (3 multiple choice with shared contexts), gen (4 generation), http (5 over HTTP: 400 short scoring
@@ -74,6 +76,7 @@ _TOOLS = {
     "lm_eval_compare": "bench.serving.lm_eval_compare", "prefix_routing": "bench.serving.prefix_routing",
     "invariant": "bench.invariance.compare", "invariant_cost": "bench.invariance.cost",
     "invariant_device": "bench.invariance.device",
+    "compact": "bench.workloads.compact",
 }
 
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from rulebook.limits import MAX_LOGPROB_ENTRIES, MAX_TOP_LOGPROBS
 
-LogprobsMode = Literal["raw_logprobs", "raw_logits", "none"]
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "none"]
 DType = Literal["float32", "bfloat16", "float16"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -43,8 +43,12 @@ class EngineConfig:
     # scoring is bounded by score_rows_per_block x vocab floats whatever the prompt length.
     score_rows_per_block: int = _doc(256, "Rows per LM-head block when scoring: bounds scoring's extra memory "
                                      "to rows x vocab floats.")
-    logprobs_mode: LogprobsMode = _doc("raw_logprobs", "What logprob values mean: log-softmax of raw logits, raw "
-                                       "logits, or logprobs disabled.")
+    # processed_logprobs is vLLM's name: the engine computes logprobs as in raw_logprobs, but a generated token's are
+    # of logits / temperature; the OpenAI routes score a prompt (prompt_logprobs) at the request's temperature.
+    logprobs_mode: LogprobsMode = _doc("raw_logprobs", "What logprob values mean: log-softmax of raw logits "
+                                       "(raw_logprobs); the same after the request's temperature for generated "
+                                       "tokens and vLLM's prompt_logprobs (processed_logprobs); raw logits; or "
+                                       "logprobs disabled (none).")
     enable_prefix_cache: bool = _doc(True, "Share full KV blocks across requests (chained block hashes, LRU "
                                      "eviction).")
     # Off: cached blocks are reused only before the scoring boundary N (SGLang's rule).
@@ -103,5 +107,11 @@ class EngineConfig:
                 raise ValueError(f"{name} must be positive when set, got {value}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.logprobs_mode not in ("raw_logprobs", "raw_logits", "none"):
+        if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs", "raw_logits", "none"):
             raise ValueError(f"unknown logprobs_mode {self.logprobs_mode!r}")
+
+    @property
+    def value_mode(self) -> str:
+        """What the scoring rows hold: processed_logprobs scores as raw_logprobs (its temperature is the request's,
+        given per row), so the scorer and the vocab-parallel head know three modes only."""
+        return "raw_logprobs" if self.logprobs_mode == "processed_logprobs" else self.logprobs_mode

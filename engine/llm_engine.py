@@ -155,7 +155,7 @@ class LLMEngine:
         seq = chunk.seq
         self.scheduler.update(chunk, len(r.score_logprobs), r.sampled)
         state = self.output_states[seq.request_id]
-        state.add_input_rows(r.score_logprobs, r.score_top, r.score_token_ids)
+        state.add_input_rows(r.score_logprobs, r.score_top, r.score_token_ids, r.score_ranks)
         if not seq.generates:
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 return None

@@ -19,6 +19,7 @@ class OutputState:
             [] if params.scores_input and params.top_logprobs_num > 0 else None)
         self.input_token_ids_logprobs: list[list[TokenLogprob]] | None = (
             [] if params.scores_input and params.token_ids_logprob is not None else None)
+        self.input_token_ranks: list[int] | None = [] if params.scores_input and params.return_input_ranks else None
         self.output_token_logprobs: list[TokenLogprob] | None = [] if want else None
         self.output_top_logprobs: list[list[TokenLogprob]] | None = (
             [] if want and params.top_logprobs_num > 0 else None)
@@ -31,13 +32,15 @@ class OutputState:
         self.input_rows_sent = False
 
     def add_input_rows(self, values: list[TokenLogprob], tops: list[list[TokenLogprob] | None],
-                       token_ids: list[list[TokenLogprob] | None]) -> None:
+                       token_ids: list[list[TokenLogprob] | None], ranks: list[int | None] | None = None) -> None:
         if self.input_token_logprobs is not None and values:
             self.input_token_logprobs.extend(values)
             if self.input_top_logprobs is not None:
                 self.input_top_logprobs.extend(t or [] for t in tops)
             if self.input_token_ids_logprobs is not None:
                 self.input_token_ids_logprobs.extend(t or [] for t in token_ids)
+            if self.input_token_ranks is not None:
+                self.input_token_ranks.extend(r or 0 for r in (ranks or [None] * len(values)))
 
     def add_sampled(self, value: TokenLogprob | None, top: list[TokenLogprob] | None) -> None:
         if self.output_token_logprobs is not None and value is not None:
@@ -76,6 +79,7 @@ class OutputState:
             input_token_logprobs=self._once(self.input_token_logprobs),
             input_top_logprobs=self._once(self.input_top_logprobs),
             input_token_ids_logprobs=self._once(self.input_token_ids_logprobs),
+            input_token_ranks=self._once(self.input_token_ranks),
             output_token_logprobs=_since(self.output_token_logprobs, n_lp),
             output_top_logprobs=_since(self.output_top_logprobs, n_lp),
             arrival_time=seq.arrival_time, scheduled_time=seq.scheduled_time, finished_time=seq.finished_time,

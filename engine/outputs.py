@@ -52,6 +52,8 @@ class RequestOutput:
     input_top_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
     # Per scored input position, the values of the request's token_ids_logprob, in the order asked.
     input_token_ids_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
+    # Per scored input position, its token's rank in the row (return_input_ranks).
+    input_token_ranks: list[int] | None = field(default=None, metadata=CONCAT)
     output_token_logprobs: list[TokenLogprob] | None = field(default=None, metadata=CONCAT)
     output_top_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
     # Timings (time.monotonic seconds): arrival, first scheduled, finished.

@@ -34,6 +34,8 @@ class SamplingParams:
     input_logprob_temperature: float | None = None
     # Token ids whose values are reported at every scored input position (SGLang's token_ids_logprob); None = none.
     token_ids_logprob: list[int] | None = None
+    # Each scored input token's rank in its row (1 = most likely; vLLM's: how many tokens have a value >= its own).
+    return_input_ranks: bool = False
 
     # Derived once per request, not per generated token: a request with many stops must not cost every token a
     # pass over them (the engine scans stops inside the step that serves the whole batch).

@@ -20,7 +20,7 @@ from ingress.generate.render import error_json
 from ingress.generate.routes import generate_router
 from ingress.generate.schemas import HealthBody
 from ingress.lifecycle import ErrorBody
-from ingress.openai.render import error_json as openai_error_json
+from ingress.openai.render.common import error_json as openai_error_json
 from ingress.openai.router import openai_router
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings

@@ -83,6 +83,11 @@ class Batch:
         self._firsts: list[GenerateChunk] = []
         self.handed_off = False  # an SSE response owns the streams and closes them
 
+    @property
+    def settings(self) -> IngressSettings:
+        """The limits `open` and `answers` check (a route checks them first where a 400 must name its field)."""
+        return self._settings
+
     def open(self, requests: Sequence[GenerateRequest], info: ModelInfo) -> None:
         """Check the requests against the limits and the worker's queue bounds (InvalidRequest), then start one
         worker stream per request, all of one admission group (fan_out.py); nothing is sent before the first

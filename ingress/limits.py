@@ -24,13 +24,15 @@ def logprob_entries(req: GenerateRequest) -> int:
     return req.params.logprob_entries(len(req.input_ids) if req.input_ids is not None else 0)
 
 
-def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings) -> None:
-    """Raise InvalidRequest (400) when the worker requests of one HTTP request exceed a limit."""
+def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings, param: str | None = None) -> None:
+    """Raise InvalidRequest (400) when the worker requests of one HTTP request exceed a limit. param: the body's
+    field that asked for the logprobs (a route that knows it checks first, so that its 400 names the field)."""
     enforce(limits.fan_out_over(len(requests), settings.max_batch_items))
     for req in requests:
         check_fields(req, settings)
-        enforce(limits.top_logprobs_over(req.params.top_logprobs_num, settings.max_top_logprobs))
-    enforce(limits.entries_over(sum(logprob_entries(req) for req in requests), settings.max_logprob_entries))
+        enforce(limits.top_logprobs_over(req.params.top_logprobs_num, settings.max_top_logprobs), param=param)
+    enforce(limits.entries_over(sum(logprob_entries(req) for req in requests), settings.max_logprob_entries),
+            param=param)
 
 
 def check_fields(req: GenerateRequest, settings: IngressSettings) -> None:

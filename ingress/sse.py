@@ -1,6 +1,6 @@
 """Server-sent events: their framing, and a response that always closes (aborts) what it abandons.
 
-Each API writes its own event payloads (generate/render.py, openai/render.py); this is the transport they share.
+Each API writes its own event payloads (generate/render.py, openai/render/); this is the transport they share.
 """
 
 from __future__ import annotations

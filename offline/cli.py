@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     win.add_argument("--no-window", action="store_true", help="score each row in one request; a longer row "
                      "is an error")
     ap.add_argument("--top-k", type=int, default=0, help="also write the k most likely tokens of each row")
+    ap.add_argument("--flat-logprobs", action="store_true", help="write token_logprobs and top_logprobs in the "
+                    "compact encoding: base64 float32 / int32 flat arrays with shapes, the HTTP answers' names "
+                    "(docs/vllm.md)")
     ap.add_argument("--input-logprob-temperature", type=float, help="score at temperature T: every value (and the "
                     "top-k) is log_softmax(logits / T), as /generate's input_logprob_temperature (default 1)")
     run = ap.add_argument_group("execution")
@@ -96,7 +99,7 @@ def make_job(args: argparse.Namespace) -> Any:
                     windows=WindowSpec(not args.no_window, args.window, args.stride), top_k=args.top_k,
                     temperature=args.input_logprob_temperature, batch_size=args.batch_size,
                     num_cpus=cfg.worker_num_cpus, num_gpus=cfg.worker_num_gpus,
-                    min_actors=lo, max_actors=hi, input_format=args.format)
+                    min_actors=lo, max_actors=hi, input_format=args.format, flat_logprobs=args.flat_logprobs)
 
 
 def summarize(output: str, limit: int = 10) -> tuple[int, int]:

@@ -4,9 +4,11 @@ appended beside every input column (no Ray here)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
+from engine import compact
 from offline.dataset_scorer import RowInput, RowResult
 
 ID_COLUMN = "id"
@@ -75,8 +77,9 @@ def _or_empty(value: object) -> object:
     return "" if value is None else value
 
 
-def result_columns(results: list[RowResult], top_k: int, pair: bool) -> dict[str, pa.Array]:
-    """The columns the scorer adds; a row in error has nulls there and its message in `error`."""
+def result_columns(results: list[RowResult], top_k: int, pair: bool, flat: bool = False) -> dict[str, pa.Array]:
+    """The columns the scorer adds; a row in error has nulls there and its message in `error`. flat: token_logprobs
+    and top_logprobs in the compact encoding (engine/compact.py's columns, as the HTTP answers name them)."""
     out: dict[str, pa.Array] = {
         "num_tokens": pa.array([r.num_tokens for r in results], pa.int64()),
         # float32: the engine's values are float32 log-softmax rows; stored without rounding.
@@ -86,9 +89,16 @@ def result_columns(results: list[RowResult], top_k: int, pair: bool) -> dict[str
         "mean_logprob": pa.array([r.mean_logprob for r in results], pa.float64()),
         "perplexity": pa.array([r.perplexity for r in results], pa.float64()),
     }
+    if flat:
+        del out["token_logprobs"]
+        out.update(flat_columns([None if r.token_logprobs is None else compact.flat_values(
+            "token_logprobs", r.token_logprobs, [len(r.token_logprobs)]) for r in results]))
     if pair:
         out["is_greedy"] = pa.array([r.is_greedy for r in results], pa.bool_())
-    if top_k:
+    if top_k and flat:
+        out.update(flat_columns([None if r.top_logprobs is None else
+                                 compact.encode_top_rows("top_logprobs", r.top_logprobs) for r in results]))
+    elif top_k:
         tops = [None if r.top_logprobs is None else
                 [[{"logprob": v, "token_id": t} for v, t in row] for row in r.top_logprobs] for r in results]
         out["top_logprobs"] = pa.array(tops, TOP_TYPE)
@@ -96,9 +106,17 @@ def result_columns(results: list[RowResult], top_k: int, pair: bool) -> dict[str
     return out
 
 
-def append_results(table: pa.Table, results: list[RowResult], top_k: int, pair: bool) -> pa.Table:
+def flat_columns(rows: list[dict[str, Any] | None]) -> dict[str, pa.Array]:
+    """Per-row compact fields -> one column per field (strings, and lists of ints for shapes); null for a row in
+    error. A row read back as a dict decodes as an HTTP answer does (docs/vllm.md)."""
+    names = next((list(r) for r in rows if r is not None), [])
+    return {name: pa.array([None if r is None else r.get(name) for r in rows],
+                           pa.list_(pa.int64()) if name.endswith("_shape") else pa.string()) for name in names}
+
+
+def append_results(table: pa.Table, results: list[RowResult], top_k: int, pair: bool, flat: bool = False) -> pa.Table:
     """Every input column passes through unchanged; a result column replaces an input column of its name."""
-    for name, array in result_columns(results, top_k, pair).items():
+    for name, array in result_columns(results, top_k, pair, flat).items():
         if name in table.column_names:
             table = table.drop_columns([name])
         table = table.append_column(name, array)

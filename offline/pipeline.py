@@ -52,6 +52,7 @@ class BatchJob:
     min_actors: int = 1
     max_actors: int = 1
     input_format: str | None = None  # json, parquet or csv; default: from the extension
+    flat_logprobs: bool = False  # token_logprobs and top_logprobs in the compact encoding (engine/compact.py)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_actors <= self.max_actors:
@@ -71,7 +72,7 @@ class ScoreActor:
     """The map_batches callable: one engine per actor, built once; a batch is a pyarrow Table."""
 
     def __init__(self, engine_config: dict[str, Any], columns: Columns, windows: WindowSpec, top_k: int,
-                 temperature: float | None = None) -> None:
+                 temperature: float | None = None, flat: bool = False) -> None:
         from engine.config import EngineConfig
         from engine.llm_engine import LLMEngine
         from offline.dataset_scorer import DatasetScorer
@@ -83,10 +84,11 @@ class ScoreActor:
         self.scorer = scorer
         self.columns = columns
         self.top_k = top_k
+        self.flat = flat
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = read_rows(batch, self.columns)
-        return append_results(batch, self.scorer.score(rows), self.top_k, self.columns.pair)
+        return append_results(batch, self.scorer.score(rows), self.top_k, self.columns.pair, self.flat)
 
 
 def input_format(path: str) -> str:
@@ -137,7 +139,7 @@ def build(job: BatchJob) -> Dataset:
     return ds.map_batches(
         ScoreActor,
         fn_constructor_kwargs=dict(engine_config=job.engine_config, columns=job.columns, windows=job.windows,
-                                   top_k=job.top_k, temperature=job.temperature),
+                                   top_k=job.top_k, temperature=job.temperature, flat=job.flat_logprobs),
         batch_size=job.batch_size, batch_format="pyarrow",
         compute=ActorPoolStrategy(min_size=job.min_actors, max_size=job.max_actors),
         num_cpus=job.num_cpus, num_gpus=job.num_gpus)

@@ -16,13 +16,14 @@ import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
+from engine import compact
 from engine.outputs import CONCAT, DEFAULT_WEIGHT_VERSION, FinishReason, FinishType, merge_outputs
 from engine.sampling_params import SamplingParams
 
 __all__ = [
     "DEFAULT_WEIGHT_VERSION", "ChatPrompt", "FinishReason", "FinishType", "GenerateChunk", "GenerateRequest",
     "ModelInfo", "SamplingParams", "TokenizerInfo", "WEIGHTS_NAMESPACE", "WeightUpdate", "WeightUpdateResult",
-    "WorkerStats", "error_chunk", "merge_outputs", "until_finished",
+    "WorkerStats", "compact", "error_chunk", "merge_outputs", "until_finished",
 ]
 
 
@@ -33,7 +34,7 @@ class ModelInfo:
     model_name: str
     vocab_size: int
     max_model_len: int
-    # "raw_logprobs", "raw_logits" or "none".
+    # "raw_logprobs", "processed_logprobs", "raw_logits" or "none".
     logprobs_mode: str
     # The worker's max_prompt_chars_per_token: texts are bounded before anyone tokenizes them.
     prompt_chars_per_token: int = 32
@@ -106,6 +107,8 @@ class GenerateChunk:
     output_top_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
     # Per scored input position, [[value, token_id], ...] of the request's token_ids_logprob | None.
     input_token_ids_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
+    # Per scored input position, its token's rank in the row (params.return_input_ranks) | None.
+    input_token_ranks: list[int] | None = field(default=None, metadata=CONCAT)
     # The request's input_logprob_temperature, echoed; None when it did not set one.
     input_logprob_temperature: float | None = None
     # The weights the request ran on (every chunk of a request carries the same: weights change between requests).
@@ -189,6 +192,7 @@ def error_chunk(rid: str, message: str, code: int | None = None, after: Generate
         output_token_logprobs=empty_like("output_token_logprobs"),
         output_top_logprobs=empty_like("output_top_logprobs"),
         input_token_ids_logprobs=empty_like("input_token_ids_logprobs"),
+        input_token_ranks=empty_like("input_token_ranks"),
         input_logprob_temperature=after.input_logprob_temperature if after else None,
         weight_version=after.weight_version if after else None)
 

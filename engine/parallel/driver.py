@@ -53,12 +53,13 @@ class TensorParallel:
 
     def score_rows(self, hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor],
                    targets: torch.Tensor, ks: list[int], mode: str, rows_per_block: int, invariant: bool = False,
-                   temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None) -> ScoredRows:
+                   temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None,
+                   ranks: list[bool] | None = None) -> ScoredRows:
         """logprobs.score_rows' signature (compute_logits is the model's; the split head replaces it)."""
         assert not invariant, "batch-invariant mode is refused with tensor_parallel_size > 1 (EngineConfig)"
         self.send(Score(targets.cpu(), list(ks), mode, rows_per_block, temps.cpu() if temps is not None else None,
-                        token_ids))
-        return self.run_score(hidden, targets, ks, mode, rows_per_block, temps, token_ids)
+                        token_ids, ranks))
+        return self.run_score(hidden, targets, ks, mode, rows_per_block, temps, token_ids, ranks)
 
     # --- every rank: the phases -----------------------------------------------------------------------
     def share(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -75,6 +76,7 @@ class TensorParallel:
         return self.group.all_reduce(torch.where(mine, picked, torch.zeros_like(picked)))
 
     def run_score(self, hidden: torch.Tensor, targets: torch.Tensor, ks: list[int], mode: str, rows_per_block: int,
-                  temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None) -> ScoredRows:
+                  temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None,
+                  ranks: list[bool] | None = None) -> ScoredRows:
         return vocab.score_rows(self.shard, self.share(hidden), self.model.compute_logits, targets, ks, mode,
-                                rows_per_block, temps, token_ids)
+                                rows_per_block, temps, token_ids, ranks)

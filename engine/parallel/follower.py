@@ -49,7 +49,8 @@ class Follower:
         elif isinstance(msg, Score):
             rows = torch.empty(len(msg.targets), hidden_size, dtype=dtype, device=dev)
             temps = msg.temps.to(dev) if msg.temps is not None else None
-            self.tp.run_score(rows, msg.targets.to(dev), msg.ks, msg.mode, msg.rows_per_block, temps, msg.token_ids)
+            self.tp.run_score(rows, msg.targets.to(dev), msg.ks, msg.mode, msg.rows_per_block, temps, msg.token_ids,
+                              msg.ranks)
         elif isinstance(msg, Targets):
             rows = torch.empty(len(msg.targets), hidden_size, dtype=dtype, device=dev)
             self.tp.run_targets(rows, msg.targets.to(dev))

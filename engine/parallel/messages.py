@@ -35,6 +35,7 @@ class Score:
     rows_per_block: int
     temps: torch.Tensor | None = None  # [rows] input_logprob_temperature per row; None: every row at 1
     token_ids: list[list[int] | None] | None = None  # per row, the ids whose values it also reports
+    ranks: list[bool] | None = None  # per row, whether it reports its target's rank
 
 
 @dataclass

@@ -98,9 +98,11 @@ def token_id_values(shard: VocabShard, local_logits: torch.Tensor, ids: list[lis
 
 def score_rows(shard: VocabShard, hidden: torch.Tensor, local_logits: Callable[[torch.Tensor], torch.Tensor],
                targets: torch.Tensor, ks: list[int], mode: str, rows_per_block: int,
-               temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None) -> ScoredRows:
+               temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None,
+               ranks: list[bool] | None = None) -> ScoredRows:
     """logprobs.score_rows over a split vocabulary, blocks of rows_per_block: the same results (temps: [R] per-row
-    temperature or None; token_ids: per row, the ids whose values it also reports)."""
+    temperature or None; token_ids: per row, the ids whose values it also reports; ranks: per row, whether it
+    reports its target's rank)."""
     out = ScoredRows([], [], [], torch.empty(0))
     lses: list[torch.Tensor] = []
     for lo in range(0, hidden.shape[0], rows_per_block):
@@ -113,6 +115,13 @@ def score_rows(shard: VocabShard, hidden: torch.Tensor, local_logits: Callable[[
         picked, lse, top_v, top_i = score_block(shard, logits, t, kmax, mode)
         lses.append(lse)
         out.values.extend(zip(picked.tolist(), t.tolist(), strict=True))
+        want = ranks[lo:hi] if ranks else [False] * (hi - lo)
+        if any(want):  # each rank counts its range, summed; on the shifted values, as the target's own was shifted
+            shift = lse if mode == "raw_logprobs" else torch.zeros_like(lse)
+            counts = shard.group.all_reduce(((logits - shift[:, None]) >= picked[:, None]).sum(dim=1)).tolist()
+            out.ranks.extend(c if w else None for c, w in zip(counts, want, strict=True))
+        else:
+            out.ranks.extend([None] * (hi - lo))
         ids = token_ids[lo:hi] if token_ids else None
         if ids and any(i for i in ids):
             shift = lse if mode == "raw_logprobs" else torch.zeros_like(lse)

@@ -4,7 +4,7 @@ blocks of rows, so scoring never materializes [L, vocab] logits whatever the pro
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -56,18 +56,21 @@ class ScoredRows:
     tops: list[list[TokenLogprob] | None]  # top-k, None where the row's k is 0
     token_ids: list[list[TokenLogprob] | None]  # values of the row's asked token ids, None where none are asked
     lse: torch.Tensor  # [R] float32 log-sum-exp of the (temperature-scaled) logits
+    ranks: list[int | None] = field(default_factory=list)  # the target's rank where the row asks it, else None
 
 
 def score_rows(hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor,
                ks: list[int], mode: str, rows_per_block: int, invariant: bool = False,
-               temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None) -> ScoredRows:
+               temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None,
+               ranks: list[bool] | None = None) -> ScoredRows:
     """hidden: [R, hidden] pre-norm rows; compute_logits: the model's final norm + LM head over some rows;
     targets: [R] the token each row scores.
     temps: [R] float32 temperature per row, or None when every row is at 1 (no extra work): values are then taken
     from logits / T. token_ids: per row, the token ids whose values it also reports (None: none).
     The log-sum-exp is kept by the caller so a later score of the same position needs no projection; it is that
     of the scaled logits, so only rows at T = 1 may be kept.
-    invariant: batch-invariant mode (the LM head is tiled by its own flag; log-softmax tiled here)."""
+    invariant: batch-invariant mode (the LM head is tiled by its own flag; log-softmax tiled here).
+    ranks: per row, whether it reports its target's rank (None: no row does)."""
     out = ScoredRows([], [], [], torch.empty(0))
     lses: list[torch.Tensor] = []
     for lo in range(0, hidden.shape[0], rows_per_block):
@@ -85,6 +88,7 @@ def score_rows(hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], to
         out.values.extend(zip(picked.tolist(), t.tolist(), strict=True))
         out.tops.extend(top_k_rows(scores, ks[lo:hi]))
         out.token_ids.extend(token_id_rows(scores, token_ids[lo:hi]) if token_ids else [None] * (hi - lo))
+        out.ranks.extend(target_ranks(scores, picked, ranks[lo:hi] if ranks else [False] * (hi - lo)))
     out.lse = torch.cat(lses)
     return out
 
@@ -98,3 +102,12 @@ def token_id_rows(scores: torch.Tensor, ids: list[list[int] | None]) -> list[lis
     index = torch.tensor([(i or []) + [0] * (width - len(i or [])) for i in ids], device=scores.device)
     vals = scores.gather(1, index).tolist()
     return [None if i is None else list(zip(vals[r][:len(i)], i, strict=True)) for r, i in enumerate(ids)]
+
+
+def target_ranks(scores: torch.Tensor, picked: torch.Tensor, want: list[bool]) -> list[int | None]:
+    """vLLM's rank of each row's target: how many tokens have a value >= its own (1 = the most likely; a tie counts
+    against it). One compare over the block only when some row asks."""
+    if not any(want):
+        return [None] * len(want)
+    counts = (scores >= picked[:, None]).sum(dim=1).tolist()  # [rows]
+    return [c if w else None for c, w in zip(counts, want, strict=True)]

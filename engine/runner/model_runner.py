@@ -32,6 +32,8 @@ class ChunkResult:
     score_top: list[list[TokenLogprob] | None]
     # Per scoring row, the values of the request's token_ids_logprob (None where it asks none).
     score_token_ids: list[list[TokenLogprob] | None] = field(default_factory=list)
+    # Per scoring row, its target's rank (None where the request does not ask).
+    score_ranks: list[int | None] = field(default_factory=list)
     # The token sampled from the chunk's last row, when the chunk completes a generating request's context.
     sampled: int | None = None
     sampled_logprob: TokenLogprob | None = None
@@ -70,6 +72,7 @@ class ScorePlan:
     top_k: list[int] = field(default_factory=list)  # [R] how many top tokens each row reports
     temps: list[float] = field(default_factory=list)  # [R] input_logprob_temperature of each row
     token_ids: list[list[int] | None] = field(default_factory=list)  # [R] token_ids_logprob of each row
+    ranks: list[bool] = field(default_factory=list)  # [R] whether each row reports its target's rank
     slots: list[torch.Tensor] = field(default_factory=list)  # per chunk: [rows] KV slot of each scored position
     cached: list[bool] = field(default_factory=list)  # [R] position was computed before this step
     # Slots whose stored hidden state is appended after the forward's rows, in that order.
@@ -118,7 +121,7 @@ class ModelRunner:
         store = config.hidden_state_store and config.enable_prefix_cache
         self.hidden_store = (torch.zeros(num_slots, model.hidden_size, dtype=model.dtype, device=device)
                              if store else None)
-        self.scorer = RowScorer(model, config.logprobs_mode, config.score_rows_per_block, num_slots, device,
+        self.scorer = RowScorer(model, config.value_mode, config.score_rows_per_block, num_slots, device,
                                 lse_store=store, batch_invariant=self.invariant, parallel=parallel)
 
     @staticmethod
@@ -202,6 +205,7 @@ class ModelRunner:
         plan.top_k.extend([seq.params.top_logprobs_num] * lay.num_score_rows)
         plan.temps.extend([seq.params.score_temperature] * lay.num_score_rows)
         plan.token_ids.extend([seq.params.token_ids_logprob] * lay.num_score_rows)
+        plan.ranks.extend([seq.params.return_input_ranks] * lay.num_score_rows)
         plan.slots.append(lay.slots[lo:hi + 1])
         plan.cached.extend([True] * num_cached + [False] * (lay.num_score_rows - num_cached))
 
@@ -231,12 +235,13 @@ class ModelRunner:
             return
         got = self.scorer.score(hidden[torch.tensor(plan.rows, device=self.device)], RowRequest(
             torch.tensor(plan.targets, device=self.device), plan.top_k, torch.cat(plan.slots),
-            torch.tensor(plan.cached, device=self.device), plan.temps, plan.token_ids))
+            torch.tensor(plan.cached, device=self.device), plan.temps, plan.token_ids, plan.ranks))
         at = 0
         for result, count in zip(results, plan.counts, strict=True):
             result.score_logprobs = got.values[at:at + count]
             result.score_top = got.tops[at:at + count]
             result.score_token_ids = got.token_ids[at:at + count]
+            result.score_ranks = got.ranks[at:at + count]
             at += count
 
     def sample(self, hidden: torch.Tensor, rows: list[tuple[int, int]], sched: SchedulerOutput,
@@ -250,7 +255,13 @@ class ModelRunner:
         logits = head.compute_logits(hidden[torch.tensor([r for r, _ in rows], device=self.device)]).float()
         tokens = sample(logits, [s.params for s in seqs], [generators[s.request_id] for s in seqs])
         want = [s.params.return_logprob for s in seqs]
-        values = row_scores(logits, self.config.logprobs_mode, self.invariant) if any(want) else None
+        if any(want) and self.config.logprobs_mode == "processed_logprobs":
+            # vLLM's processed logprobs: of the logits the sampler draws from, after the request's temperature (a
+            # greedy request's are the raw ones). Top-k / top-p filters are not applied (the ingress refuses them).
+            temps = [p.temperature if p.temperature > 0 else 1.0 for p in (s.params for s in seqs)]
+            if any(t != 1.0 for t in temps):
+                logits = logits / torch.tensor(temps, device=logits.device)[:, None]
+        values = row_scores(logits, self.config.value_mode, self.invariant) if any(want) else None
         picked = values.gather(1, tokens[:, None])[:, 0].tolist() if values is not None else None
         tops = top_k_rows(values, [s.params.top_logprobs_num if s.params.return_logprob else 0 for s in seqs]) \
             if values is not None else [None] * len(seqs)

@@ -12,7 +12,7 @@ hidden-state store, whose rows have the fresh rows' bits in that mode."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +32,7 @@ class RowRequest:
     cached: torch.Tensor  # [R] bool: the position was computed before this step
     temps: list[float]  # input_logprob_temperature per row (1.0 = none)
     token_ids: list[list[int] | None]  # the token ids each row reports, None = none
+    ranks: list[bool] = field(default_factory=list)  # whether each row reports its target's rank ([]: none does)
 
 
 @dataclass
@@ -39,6 +40,7 @@ class RowResult:
     values: list[TokenLogprob]
     tops: list[list[TokenLogprob] | None]
     token_ids: list[list[TokenLogprob] | None]
+    ranks: list[int | None] = field(default_factory=list)
 
 
 class RowScorer:
@@ -66,11 +68,13 @@ class RowScorer:
         """hidden: [R, H] pre-norm rows. Only rows at cached positions may take the shortcut (a fresh row's slot
         may not be final yet), and only those that need no more than their own value at temperature 1."""
         device = hidden.device
-        whole = [k > 0 or t != 1.0 or ids is not None for k, t, ids in zip(req.ks, req.temps, req.token_ids,
-                                                                             strict=True)]
+        ranks = req.ranks or [False] * len(req.ks)
+        # A rank is counted over the whole row, as a top-k is.
+        whole = [k > 0 or t != 1.0 or ids is not None or r for k, t, ids, r in zip(req.ks, req.temps, req.token_ids,
+                                                                                  ranks, strict=True)]
         need_whole = torch.tensor(whole, device=device, dtype=torch.bool)
         n = len(req.ks)
-        out = RowResult([None] * n, [None] * n, [None] * n)  # type: ignore[list-item]  # every row is filled below
+        out = RowResult([None] * n, [None] * n, [None] * n, [None] * n)  # type: ignore[list-item]  # all filled below
         cached = req.cached
         if self.invariant:
             self._full(hidden, req, torch.ones_like(cached), out)
@@ -97,12 +101,14 @@ class RowScorer:
         temps = [req.temps[i] for i in sel]
         scaled = any(t != 1.0 for t in temps)  # the default path builds no temperature tensor
         ids = [req.token_ids[i] for i in sel]
+        ranks = [req.ranks[i] for i in sel] if req.ranks else []
         got = self.score_rows(hidden[rows], self.model.compute_logits, req.targets[rows], [req.ks[i] for i in sel],
                               self.mode, self.rows_per_block, self.invariant,
                               torch.tensor(temps, device=hidden.device) if scaled else None,
-                              ids if any(i is not None for i in ids) else None)
+                              ids if any(i is not None for i in ids) else None, ranks if any(ranks) else None)
         for j, i in enumerate(sel):
             out.values[i], out.tops[i], out.token_ids[i] = got.values[j], got.tops[j], got.token_ids[j]
+            out.ranks[i] = got.ranks[j] if got.ranks else None
         if self.lse is not None:
             if scaled:  # the log-sum-exp of logits / T is not the one the shortcut subtracts
                 keep = torch.tensor([t == 1.0 for t in temps], device=hidden.device)

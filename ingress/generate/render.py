@@ -11,7 +11,7 @@ from typing import Any
 
 from ingress.errors import IngressError
 from ingress.sse import sse_data
-from workers.protocol import FinishReason, GenerateChunk
+from workers.protocol import FinishReason, GenerateChunk, compact
 
 
 def finish_json(finish: FinishReason) -> dict[str, Any]:
@@ -24,8 +24,24 @@ def finish_json(finish: FinishReason) -> dict[str, Any]:
     return out
 
 
-def chunk_json(chunk: GenerateChunk) -> dict[str, Any]:
-    """The contract's answer for one chunk (streamed event) or one merged chunk (whole answer)."""
+# meta_info's logprob fields: one entry per position, and a list of entries per position.
+TOKEN_ROWS = ("input_token_logprobs", "output_token_logprobs")
+TOP_ROWS = ("input_top_logprobs", "output_top_logprobs", "input_token_ids_logprobs")
+
+
+def flat_meta(meta: dict[str, Any]) -> None:
+    """return_flat_logprobs_b64: each logprob field of meta_info becomes its flat base64 arrays (engine/compact.py,
+    SGLang's names); a field the answer does not carry stays absent, one that is null stays null."""
+    for name in TOKEN_ROWS + TOP_ROWS:
+        if name in meta:
+            rows = meta.pop(name)
+            meta.update(compact.encode_token_rows(name, rows) if name in TOKEN_ROWS
+                        else compact.encode_top_rows(name, rows))
+
+
+def chunk_json(chunk: GenerateChunk, flat: bool = False) -> dict[str, Any]:
+    """The contract's answer for one chunk (streamed event) or one merged chunk (whole answer); flat: the logprobs
+    in the compact encoding."""
     answer = {
         "text": chunk.text,
         "output_ids": chunk.output_ids,
@@ -48,11 +64,13 @@ def chunk_json(chunk: GenerateChunk) -> dict[str, Any]:
         meta["input_token_ids_logprobs"] = chunk.input_token_ids_logprobs
     if chunk.input_logprob_temperature is not None:
         meta["input_logprob_temperature"] = chunk.input_logprob_temperature
+    if flat:
+        flat_meta(meta)
     return answer
 
 
-def sse_event(chunk: GenerateChunk) -> str:
-    return sse_data(chunk_json(chunk))
+def sse_event(chunk: GenerateChunk, flat: bool = False) -> str:
+    return sse_data(chunk_json(chunk, flat))
 
 
 def error_json(exc: IngressError) -> dict[str, Any]:

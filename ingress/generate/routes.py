@@ -43,22 +43,24 @@ class GenerateRoutes:
         else:
             validate_batch(items, info)
         requests = [to_request(item) for item in items or [body]]
+        flat = bool(body.return_flat_logprobs_b64)
         if body.stream:
             batch.open(requests, info)
             firsts = await batch.firsts()
-            return batch.stream(_events(firsts, batch, indexed=items is not None))
+            return batch.stream(_events(firsts, batch, indexed=items is not None, flat=flat))
         wholes = await batch.answers(requests, info)  # one unary worker call for the whole batch
         if items is None:
-            return JSONAnswer(chunk_json(wholes[0]))
-        return JSONAnswer([chunk_json(whole) for whole in wholes])
+            return JSONAnswer(chunk_json(wholes[0], flat))
+        return JSONAnswer([chunk_json(whole, flat) for whole in wholes])
 
 
-async def _events(firsts: list[GenerateChunk], batch: Batch, indexed: bool) -> AsyncGenerator[str, None]:
+async def _events(firsts: list[GenerateChunk], batch: Batch, indexed: bool, flat: bool = False
+                  ) -> AsyncGenerator[str, None]:
     """One event per worker chunk, then one `[DONE]`; a failure once bytes are out is the final `error` event.
     A batch's events name their item (`index`): the first chunks in order, then as they arrive."""
 
     def event(i: int, chunk: GenerateChunk) -> str:
-        return sse_data({**chunk_json(chunk), "index": i}) if indexed else sse_event(chunk)
+        return sse_data({**chunk_json(chunk, flat), "index": i}) if indexed else sse_event(chunk, flat)
 
     for i, chunk in enumerate(firsts):
         yield event(i, chunk)

@@ -49,6 +49,11 @@ class GenerateBody(BaseModel):
         None, description="Token ids whose values are reported at every scored input position "
         "(meta_info.input_token_ids_logprobs, in the order given); at most max_token_ids_logprob of them."
     )
+    return_flat_logprobs_b64: bool = Field(
+        False, description="meta_info's logprob fields as flat base64 arrays (little-endian float32 values, int32 "
+        "ids) with their shapes, under SGLang's `<field>_val_flat_b64` / `_idx_flat_b64` / `_shape` names "
+        "(docs/vllm.md, compact format)."
+    )
     temperature: float = Field(1.0, description="0 is greedy.")
     top_p: float = Field(1.0, description="Nucleus mass, in (0, 1].")
     top_k: int = Field(-1, description="-1 disables top-k.")

@@ -21,17 +21,22 @@ from ingress.backend import Backend
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle
-from ingress.openai.answer import openai_events, token_texts
-from ingress.openai.chat_render import ChatChoice
-from ingress.openai.chat_schemas import ChatBody, ChatMessage
-from ingress.openai.render import completion_json, usage_json
+from ingress.limits import check_limits
+from ingress.openai.render.chat import ChatChoice
+from ingress.openai.render.common import completion_json, usage_json
+from ingress.openai.render.stream import openai_events, token_texts
+from ingress.openai.schemas.chat import ChatBody, ChatMessage
 from ingress.openai.validation import (
+    VllmFields,
+    check_fields,
     check_logprobs,
     check_model,
     check_prompt,
     check_unsupported,
     include_usage,
     sampling_params,
+    scoring_params,
+    vllm_fields,
 )
 from ingress.sse import sse_data
 from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
@@ -49,6 +54,7 @@ class ChatSettings:
     include_usage: bool
     max_tokens: int | None  # None: up to the context length
     params: SamplingParams  # max_tokens is set per prompt (`max_tokens_for`)
+    vllm: VllmFields
 
     def max_tokens_for(self, prompt_len: int, info: ModelInfo) -> int:
         # Without a limit, what the context and the worker's KV cache leave (OpenAI clients often omit the field;
@@ -62,6 +68,7 @@ class ChatSettings:
 
 def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:
     """Raise InvalidRequest (or NotFound) for the first rule the body breaks; return its settings otherwise."""
+    check_fields(body)
     check_model(body.model, info)
     check_unsupported(body)
     if body.tools:
@@ -80,7 +87,7 @@ def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:
     check_logprobs(k, info, "logprobs" if body.top_logprobs is None else "top_logprobs")
     params = sampling_params(body, info, max_tokens or 1, k)
     return ChatSettings(messages=messages, logprobs=k, stream=bool(body.stream), include_usage=include_usage(body),
-                        max_tokens=max_tokens, params=params)
+                        max_tokens=max_tokens, params=params, vllm=vllm_fields(body, info, params))
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
@@ -122,23 +129,30 @@ class ChatRoutes:
         cid = f"chatcmpl-{current_request_id() or uuid.uuid4().hex}"
         head = (cid, int(time.time()), info.model_name)
         params = replace(settings.params, max_tokens=max_tokens)
+        if settings.vllm.prompt_logprobs is not None and len(prompt.ids) >= 2:
+            params = scoring_params(params, settings.vllm)
         requests = [GenerateRequest(rid=cid, input_ids=prompt.ids, params=params)]
-        choice = ChatChoice(prompt.ids, settings.logprobs)
+        if settings.vllm.prompt_logprobs is not None:  # its over-limit 400 names the field that asked
+            check_limits(requests, batch.settings, param="prompt_logprobs")
+        choice = ChatChoice(prompt.ids, settings.logprobs, settings.vllm)
         if settings.stream:
             batch.open(requests, info)
             firsts = await batch.firsts()
             return batch.stream(self._events(head, choice, firsts, batch, settings.include_usage))
         (whole,) = await batch.answers(requests, info)  # one unary worker call
         texts = await token_texts(self._backend, choice.needed_ids(whole))
+        extra = choice.answer_fields(whole, texts)
         out = choice.render(whole, texts, stream=False)
-        return JSONAnswer(completion_json(*head, [out], usage_json([choice]), obj="chat.completion"))
+        return JSONAnswer({**completion_json(*head, [out], usage_json([choice]), obj="chat.completion"), **extra})
 
     def _events(self, head: Head, choice: ChatChoice, firsts: list[GenerateChunk], batch: Batch,
                 with_usage: bool) -> AsyncGenerator[str, None]:
         async def event(_: int, chunk: GenerateChunk) -> str:
             texts = await token_texts(self._backend, choice.needed_ids(chunk))
+            extra = choice.answer_fields(chunk, texts)  # a stream has no prompt_logprobs (vLLM's rule)
             delta = choice.render(chunk, texts, stream=True)
-            return sse_data(completion_json(*head, [delta], with_usage=with_usage, obj="chat.completion.chunk"))
+            return sse_data({**completion_json(*head, [delta], with_usage=with_usage, obj="chat.completion.chunk"),
+                             **extra})
 
         def usage() -> str:
             return sse_data(completion_json(*head, [], usage_json([choice]), obj="chat.completion.chunk"))

@@ -12,29 +12,110 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 from starlette.responses import Response
 
 from ingress.backend import Backend
 from ingress.edge.request_record import current_request_id
-from ingress.errors import JSONAnswer
+from ingress.errors import InvalidRequest, JSONAnswer, enforce
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
-from ingress.openai.answer import openai_events, token_texts
-from ingress.openai.render import ChoiceBuilder, completion_json, echo_only_chunk, usage_json
-from ingress.openai.schemas import CompletionBody
+from ingress.limits import check_limits
+from ingress.openai.render.common import completion_json, echo_only_chunk, usage_json
+from ingress.openai.render.completions import ChoiceBuilder
+from ingress.openai.render.stream import openai_events, token_texts
+from ingress.openai.schemas.completions import CompletionBody
 from ingress.openai.validation import (
-    CompletionSettings,
+    VllmFields,
+    check_fields,
+    check_logprobs,
+    check_model,
     check_prompt,
     check_text,
-    prompt_items,
-    prompt_request,
-    validate_completion,
+    check_unsupported,
+    include_usage,
+    sampling_params,
+    scoring_params,
+    vllm_fields,
 )
 from ingress.sse import sse_data
-from workers.protocol import GenerateChunk
+from rulebook import rules
+from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 
 Head = tuple[str, int, str]  # id, created, model
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for legacy completions
+
+
+@dataclass(frozen=True)
+class CompletionSettings:
+    """A validated body's settings with OpenAI's defaults applied (null = default)."""
+
+    echo: bool
+    logprobs: int | None  # None: no logprobs at all; k >= 0: the token's own and k alternatives
+    stream: bool
+    include_usage: bool
+    # Every prompt's parameters but the scoring boundary, which depends on the prompt (`prompt_request`).
+    params: SamplingParams
+    vllm: VllmFields
+
+
+def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSettings:
+    """Raise InvalidRequest (or NotFound) for the first rule the body breaks; return its settings otherwise.
+    Prompt contents are checked later, once text prompts are tokenized (`check_prompt`)."""
+    check_fields(body)
+    check_model(body.model, info)
+    check_unsupported(body)
+    if body.best_of not in (None, 1):
+        raise InvalidRequest(f"best_of={body.best_of} is not supported: only 1.", param="best_of")
+    if body.suffix is not None:
+        raise InvalidRequest("suffix is not supported by this server.", param="suffix")
+    _check_prompt_not_empty(body.prompt)
+    echo = bool(body.echo)
+    max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    enforce(rules.negative_max_tokens(max_tokens), param="max_tokens")
+    if max_tokens == 0 and not echo:
+        raise InvalidRequest("max_tokens 0 requires echo=true: it returns the prompt's logprobs only.",
+                             param="max_tokens")
+    k = body.logprobs
+    check_logprobs(k, info, "logprobs")
+    params = sampling_params(body, info, max_tokens, k)
+    return CompletionSettings(echo=echo, logprobs=k, stream=bool(body.stream), include_usage=include_usage(body),
+                              params=params, vllm=vllm_fields(body, info, params))
+
+
+def _check_prompt_not_empty(prompt: str | list) -> None:
+    if prompt == "" or prompt == []:
+        raise InvalidRequest("The prompt must not be empty.", param="prompt")
+    if isinstance(prompt, list):
+        for i, item in enumerate(prompt):
+            if item == "" or item == []:
+                raise InvalidRequest(f"The prompt at index {i} must not be empty.", param="prompt")
+
+
+def prompt_items(prompt: str | list) -> list[str | list[int]]:
+    """The body's prompt as a batch: each item a string or a token-id list (one choice each)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+def scores_prompt(ids: list[int], s: CompletionSettings) -> bool:
+    """Whether the prompt's own logprobs are asked for (echo's, vLLM's prompt_logprobs) and exist (its first token
+    is never scored)."""
+    return (s.echo and s.logprobs is not None or s.vllm.prompt_logprobs is not None) and len(ids) >= 2
+
+
+def prompt_request(rid: str, ids: list[int], s: CompletionSettings) -> GenerateRequest | None:
+    """The worker's carrier for one prompt; None when there is nothing to compute (an echo of the prompt,
+    max_tokens 0, with no logprobs or a single token that nothing predicts)."""
+    score = scores_prompt(ids, s)
+    if s.params.max_tokens == 0 and not score:
+        return None
+    params = scoring_params(s.params, s.vllm) if score else replace(s.params, logprob_start_len=-1)
+    return GenerateRequest(rid=rid, input_ids=list(ids), params=params)
 
 
 class CompletionRoutes:
@@ -57,11 +138,15 @@ class CompletionRoutes:
 
         cid = f"cmpl-{current_request_id() or uuid.uuid4().hex}"
         head = (cid, int(time.time()), info.model_name)
-        choices = [ChoiceBuilder(i, ids, item if isinstance(item, str) else "", settings.echo, settings.logprobs)
+        # vLLM echoes an empty text with return_token_ids (the ids are the echo).
+        choices = [ChoiceBuilder(i, ids, item if isinstance(item, str) and not settings.vllm.token_ids else "",
+                                 settings.echo, settings.logprobs, settings.vllm)
                    for i, (item, ids) in enumerate(zip(items, ids_list, strict=True))]
         # Choice index -> worker request; an echo with nothing to compute sends none.
         requests = {i: req for i, ids in enumerate(ids_list)
                     if (req := prompt_request(f"{cid}-{i}", ids, settings)) is not None}
+        if settings.vllm.prompt_logprobs is not None:  # its over-limit 400 names the field that asked
+            check_limits(list(requests.values()), batch.settings, param="prompt_logprobs")
         # The echoed text of prompts sent as ids is decoded while the worker answers.
         echoed = self._prompt_texts(choices, items, settings)
         if settings.stream:
@@ -88,7 +173,7 @@ class CompletionRoutes:
     async def _prompt_texts(self, choices: list[ChoiceBuilder], items: list[str | list[int]],
                             settings: CompletionSettings) -> None:
         """What `echo` returns for prompts sent as ids: their decoded text (a text prompt echoes itself)."""
-        if not settings.echo:
+        if not settings.echo or settings.vllm.token_ids:
             return
         todo = [c for c, item in zip(choices, items, strict=True) if not isinstance(item, str)]
         if not todo:

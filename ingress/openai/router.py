@@ -26,17 +26,14 @@ from ingress.edge.openapi import error_responses
 from ingress.errors import InvalidRequest, JSONAnswer, bounded_errors
 from ingress.lifecycle import Lifecycle
 from ingress.openai.chat import ChatRoutes
-from ingress.openai.chat_schemas import ChatResponse
 from ingress.openai.completions import CompletionRoutes
-from ingress.openai.render import error_json
-from ingress.openai.schemas import (
-    CompletionResponse,
-    DetokenizeResponse,
-    ModelList,
-    OpenAIErrorBody,
-    TokenizeResponse,
-)
-from ingress.openai.score import ScoreResponse, ScoreRoutes
+from ingress.openai.render.common import error_json
+from ingress.openai.schemas.chat import ChatResponse
+from ingress.openai.schemas.common import OpenAIErrorBody
+from ingress.openai.schemas.completions import CompletionResponse
+from ingress.openai.schemas.score import ScoreResponse
+from ingress.openai.schemas.tokenizer import DetokenizeResponse, ModelList, TokenizeResponse
+from ingress.openai.score import ScoreRoutes
 from ingress.openai.tokenizer import TokenizerRoutes
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings

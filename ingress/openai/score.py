@@ -20,40 +20,16 @@ import math
 import uuid
 
 from fastapi import Request
-from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from ingress.backend import Backend
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
-from ingress.openai.schemas import STRICT_BODY, Usage
+from ingress.openai.schemas.score import ScoreBody
 from ingress.openai.validation import check_model, check_text
 from rulebook.rules import TOKEN_OUT_OF_RANGE
-from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
-
-
-class ScoreBody(BaseModel):
-    """Request body of `POST /v1/score` (SGLang's ScoringRequest)."""
-
-    model_config = STRICT_BODY
-
-    model: str | None = Field(None, description="Must be the served model's name when given.")
-    query: str | list[int] | None = Field(None, description="Text, or token ids: the same kind as `items`.")
-    items: str | list[str] | list[list[int]] | None = Field(
-        None, description="One item (text) or a list of them (texts, or token-id lists): one score list each.")
-    label_token_ids: list[int] | None = Field(None, description="The tokens whose next-token probability "
-                                              "each item gets, in this order.")
-    apply_softmax: bool = Field(False, description="Softmax over the label tokens' logits (each item's scores "
-                                "sum to 1) instead of their probabilities under the full distribution.")
-    item_first: bool = Field(False, description="Score item+query instead of query+item.")
-
-
-class ScoreResponse(BaseModel):
-    scores: list[list[float]] = Field(description="Per item, in order, one probability per label token.")
-    model: str
-    usage: Usage = Field(description="prompt_tokens: the query+item tokens of every item.")
-    object: str = "scoring"
+from workers.protocol import GenerateRequest, ModelInfo, SamplingParams, compact
 
 
 def validate_score(body: ScoreBody, info: ModelInfo) -> tuple[str | list[int], list[str] | list[list[int]]]:
@@ -63,7 +39,8 @@ def validate_score(body: ScoreBody, info: ModelInfo) -> tuple[str | list[int], l
     if not labels:
         raise InvalidRequest("label_token_ids must be a non-empty list of token ids.", param="label_token_ids")
     _check_ids(labels, info, "label_token_ids")
-    if info.logprobs_mode != "raw_logprobs" and not (body.apply_softmax and info.logprobs_mode == "raw_logits"):
+    logprobs = info.logprobs_mode in ("raw_logprobs", "processed_logprobs")  # label rows are at T = 1 in both
+    if not logprobs and not (body.apply_softmax and info.logprobs_mode == "raw_logits"):
         raise InvalidRequest(f"Scoring with apply_softmax={body.apply_softmax} needs the server's raw_logprobs "
                              f"mode; it runs {info.logprobs_mode}.", param="apply_softmax")
     if body.query is None or body.items is None:
@@ -136,7 +113,12 @@ class ScoreRoutes:
                   for i in range(len(prompts))]
         n = sum(len(ids) for ids in prompts)
         usage = {"prompt_tokens": n, "completion_tokens": 0, "total_tokens": n}
-        return JSONAnswer({"scores": scores, "model": info.model_name, "usage": usage, "object": "scoring"})
+        out: dict = {"scores": scores, "model": info.model_name, "usage": usage, "object": "scoring"}
+        if body.return_flat_logprobs_b64:  # the probabilities are computed here in float64: written as float64
+            out.pop("scores")
+            out.update(compact.flat_values("scores", [p for row in scores for p in row], [len(scores), len(labels)],
+                                           "float64"))
+        return JSONAnswer(out)
 
     async def _ids(self, query: str | list[int], item: str | list[int], item_first: bool) -> list[int]:
         """The pair's ids: texts are joined, then tokenized as a text prompt is (SGLang's order of steps)."""

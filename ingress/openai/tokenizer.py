@@ -14,7 +14,7 @@ from starlette.responses import Response
 from ingress.backend import Backend
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Lifecycle
-from ingress.openai.schemas import DetokenizeBody, TokenizeBody
+from ingress.openai.schemas.tokenizer import DetokenizeBody, TokenizeBody
 from ingress.openai.validation import check_model, check_text
 from rulebook.rules import TOKEN_OUT_OF_RANGE
 

@@ -1,11 +1,8 @@
-"""The rules of /v1/completions (first failure wins), and the body -> per-prompt carrier step.
+"""The rules the OpenAI routes share (the model, a text to tokenize, sampling and stopping, logprobs, a prompt's
+ids); each route module holds its own order of rules.
 
-Pure functions of the body and the worker's ModelInfo, as validation.py is for /generate. They raise the
+Pure functions of the body and the worker's ModelInfo, as generate/validation.py is for /generate. They raise the
 ingress's typed errors with `param` naming the offending field; the routes give them OpenAI's shape.
-
-Unlike /generate (contract rule 9.3), a completion may score its prompt AND generate: `echo` with
-`logprobs` asks for both, and one engine request (logprob_start_len=0, max_tokens > 0) does both, the
-prompt rows coming from the same exact scoring path as /generate's.
 """
 
 from __future__ import annotations
@@ -13,23 +10,58 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ingress.errors import InvalidRequest, NotFound, enforce
-from ingress.openai.schemas import CompletionBody, SamplingFields
-from rulebook import rules
-from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
+from ingress.openai.schemas.common import SamplingFields
+from rulebook import openai_fields, rules
+from workers.protocol import ModelInfo, SamplingParams
 
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default for legacy completions
+# The logprobs modes whose values are logprobs (raw_logits are not; none computes none).
+LOGPROB_MODES = ("raw_logprobs", "processed_logprobs")
 
 
 @dataclass(frozen=True)
-class CompletionSettings:
-    """A validated body's settings with OpenAI's defaults applied (null = default)."""
+class VllmFields:
+    """vLLM's fields a completion or chat answer follows, validated (docs/vllm.md)."""
 
-    echo: bool
-    logprobs: int | None  # None: no logprobs at all; k >= 0: the token's own and k alternatives
-    stream: bool
-    include_usage: bool
-    # Every prompt's parameters but the scoring boundary, which depends on the prompt (`prompt_request`).
-    params: SamplingParams
+    prompt_logprobs: int | None  # k alternatives per prompt position (-1 resolved to the vocabulary); None: none
+    token_ids: bool  # return_token_ids: prompt_token_ids and each choice's token_ids
+    as_ids: bool  # return_tokens_as_token_ids: logprob tokens as "token_id:<id>"
+    flat_b64: bool  # return_flat_logprobs_b64: logprobs as flat base64 arrays
+    # processed_logprobs: prompt rows at the request's temperature (None: at 1, the raw rows).
+    score_temperature: float | None
+
+
+def check_fields(body: SamplingFields) -> None:
+    """Every field the body does not declare, by rulebook/openai_fields.py: only annotations pass."""
+    for name, value in (body.model_extra or {}).items():
+        enforce(openai_fields.undeclared_field(name, value))
+
+
+def vllm_fields(body: SamplingFields, info: ModelInfo, params: SamplingParams) -> VllmFields:
+    """vLLM's rules for its fields (prompt_logprobs: k >= -1, not with a stream unless 0), the logprobs mode they
+    need, and processed_logprobs' refusal of the sampling filters it does not apply to logprobs."""
+    enforce(openai_fields.prompt_logprobs_violation(body.prompt_logprobs, bool(body.stream)))
+    k = None if body.stream else body.prompt_logprobs  # 0 with a stream: vLLM streams no prompt logprobs
+    check_logprobs(None if k is None else 0, info, "prompt_logprobs")
+    processed = info.logprobs_mode == "processed_logprobs"
+    if processed and (k is not None or params.return_logprob):
+        for name, value, default in (("top_p", params.top_p, 1.0), ("top_k", params.top_k, -1),
+                                     ("min_p", params.min_p, 0.0)):
+            if value != default and not (name == "top_k" and value == 0):
+                raise InvalidRequest(openai_fields.PROCESSED_FILTERS.format(name=name, value=value), param=name)
+    temp = params.temperature if processed and params.temperature > 0 and params.temperature != 1.0 else None
+    return VllmFields(prompt_logprobs=info.vocab_size if k == -1 else k, token_ids=bool(body.return_token_ids),
+                      as_ids=bool(body.return_tokens_as_token_ids), flat_b64=body.return_flat_logprobs_b64,
+                      score_temperature=temp)
+
+
+def scoring_params(params: SamplingParams, fields: VllmFields) -> SamplingParams:
+    """The worker's parameters for a prompt whose rows are asked for (echo's logprobs, prompt_logprobs): scored from
+    position 0, as wide as the widest ask (each answer keeps its own k), with ranks for prompt_logprobs."""
+    out = replace(params, logprob_start_len=0, return_logprob=True,
+                  input_logprob_temperature=fields.score_temperature)
+    if fields.prompt_logprobs is not None:
+        out = replace(out, top_logprobs_num=max(out.top_logprobs_num, fields.prompt_logprobs), return_input_ranks=True)
+    return out
 
 
 def check_model(model: str | None, info: ModelInfo) -> None:
@@ -48,38 +80,15 @@ def check_text(text: str, info: ModelInfo, param: str = "prompt") -> None:
         raise InvalidRequest(broken.message, param=param)
 
 
-def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSettings:
-    """Raise InvalidRequest (or NotFound) for the first rule the body breaks; return its settings otherwise.
-    Prompt contents are checked later, once text prompts are tokenized (`check_prompt`)."""
-    check_model(body.model, info)
-    check_unsupported(body)
-    if body.best_of not in (None, 1):
-        raise InvalidRequest(f"best_of={body.best_of} is not supported: only 1.", param="best_of")
-    if body.suffix is not None:
-        raise InvalidRequest("suffix is not supported by this server.", param="suffix")
-    _check_prompt_not_empty(body.prompt)
-    echo = bool(body.echo)
-    max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    enforce(rules.negative_max_tokens(max_tokens), param="max_tokens")
-    if max_tokens == 0 and not echo:
-        raise InvalidRequest("max_tokens 0 requires echo=true: it returns the prompt's logprobs only.",
-                             param="max_tokens")
-    k = body.logprobs
-    check_logprobs(k, info, "logprobs")
-    params = sampling_params(body, info, max_tokens, k)
-    return CompletionSettings(echo=echo, logprobs=k, stream=bool(body.stream), include_usage=include_usage(body),
-                              params=params)
-
-
 def check_logprobs(k: int | None, info: ModelInfo, param: str) -> None:
     """k alternatives per position (None: no logprobs): non-negative, and a server that computes logprobs. The
     upper bound is the server's `max_top_logprobs`, checked for every route as its work is opened (limits.py),
     and the vocabulary size (the rulebook's sampling table)."""
     if k is not None:
         enforce(rules.negative(param, k), param=param)
-    if k is not None and info.logprobs_mode != "raw_logprobs":
-        raise InvalidRequest(
-            f"logprobs requires the server's raw_logprobs mode; it runs {info.logprobs_mode}.", param=param)
+    if k is not None and info.logprobs_mode not in LOGPROB_MODES:
+        raise InvalidRequest(f"logprobs requires the server's raw_logprobs or processed_logprobs mode; it runs "
+                             f"{info.logprobs_mode}.", param=param)
 
 
 def sampling_params(body: SamplingFields, info: ModelInfo, max_tokens: int, k: int | None) -> SamplingParams:
@@ -115,24 +124,6 @@ def check_unsupported(body: SamplingFields) -> None:
             raise InvalidRequest(f"{name}={getattr(body, name)} is not supported: only 0.", param=name)
 
 
-def _check_prompt_not_empty(prompt: str | list) -> None:
-    if prompt == "" or prompt == []:
-        raise InvalidRequest("The prompt must not be empty.", param="prompt")
-    if isinstance(prompt, list):
-        for i, item in enumerate(prompt):
-            if item == "" or item == []:
-                raise InvalidRequest(f"The prompt at index {i} must not be empty.", param="prompt")
-
-
-def prompt_items(prompt: str | list) -> list[str | list[int]]:
-    """The body's prompt as a batch: each item a string or a token-id list (one choice each)."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if prompt and isinstance(prompt[0], int):
-        return [prompt]
-    return list(prompt)
-
-
 def check_prompt(index: int | None, ids: list[int], max_tokens: int, info: ModelInfo, param: str = "prompt") -> None:
     """One prompt's ids (given, or its text tokenized) against the model; `index` names it in a batch."""
     where = "The prompt" if index is None else f"The prompt at index {index}"
@@ -145,17 +136,3 @@ def check_prompt(index: int | None, ids: list[int], max_tokens: int, info: Model
     broken = rules.context_too_long(len(ids), max_tokens, info.max_model_len)
     if broken:
         raise InvalidRequest(broken.message if index is None else f"{where}: {broken.message}", param=param)
-
-
-def scores_prompt(ids: list[int], s: CompletionSettings) -> bool:
-    """Whether the prompt's own logprobs are asked for and exist (its first token is never scored)."""
-    return s.echo and s.logprobs is not None and len(ids) >= 2
-
-
-def prompt_request(rid: str, ids: list[int], s: CompletionSettings) -> GenerateRequest | None:
-    """The worker's carrier for one prompt; None when there is nothing to compute (an echo of the prompt,
-    max_tokens 0, with no logprobs or a single token that nothing predicts)."""
-    score = scores_prompt(ids, s)
-    if s.params.max_tokens == 0 and not score:
-        return None
-    return GenerateRequest(rid=rid, input_ids=list(ids), params=replace(s.params, logprob_start_len=0 if score else -1))

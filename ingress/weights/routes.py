@@ -16,7 +16,7 @@ from starlette.responses import Response
 from ingress.backend import Backend
 from ingress.edge.openapi import error_responses
 from ingress.errors import JSONAnswer
-from ingress.openai.schemas import OpenAIErrorBody
+from ingress.openai.schemas.common import OpenAIErrorBody
 from workers.protocol import WeightUpdate, WeightUpdateResult
 
 

@@ -121,3 +121,23 @@ def test_config_and_pool_bounds_come_from_the_serve_yaml() -> None:
     assert actor_bounds(auto, None, None) == (1, 4) and actor_bounds(auto, 2, None) == (2, 4)
     with pytest.raises(ValueError, match="no application named 'x'"):
         load_app_config(CONFIG, "x")
+
+
+def test_flat_logprobs_output_decodes_to_the_plain_output(ray_cluster, tmp_path: Path) -> None:
+    """--flat-logprobs: the same rows, their token_logprobs and top-k written in the compact encoding; decoded with
+    engine/compact.py (as an HTTP answer is), equal to the plain run's bit for bit."""
+    from engine import compact
+
+    src = tmp_path / "ids.jsonl"
+    src.write_text("".join(json.dumps({"ids": ids}) + "\n" for ids in ([504, 3458, 282, 4649, 314], [30, 31, 32])))
+    runs = {}
+    for name, flags in (("plain", ()), ("flat", ("--flat-logprobs",))):
+        proc = batch(ray_cluster, src, tmp_path / name, "--ids-column", "ids", "--top-k", "3", *flags)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = pq.read_table(tmp_path / name).to_pylist()
+    for plain, flat in zip(runs["plain"], runs["flat"], strict=True):
+        assert "token_logprobs" not in flat and "top_logprobs" not in flat
+        assert compact.unpack_values(flat["token_logprobs_val_flat_b64"]) == plain["token_logprobs"]
+        assert compact.decode_top_rows(flat, "top_logprobs") == [
+            [[e["logprob"], e["token_id"]] for e in row] for row in plain["top_logprobs"]]
+        assert flat["sum_logprob"] == plain["sum_logprob"]

@@ -27,17 +27,23 @@ def value(pos: int, token: int) -> float:
     return -0.25 * (pos % 5) - 0.01 * token
 
 
+def rank(token: int) -> int:
+    """The fake model's rank of a scored prompt token (return_input_ranks)."""
+    return token + 1
+
+
 def model(req: GenerateRequest):
     """Scores ids[N+1:] in the first chunk, then generates id = previous + 1, one token per chunk."""
     ids = list(req.input_ids or [])
     k = req.params.top_logprobs_num
-    rows = tops = None
+    rows = tops = ranks = None
     if req.params.logprob_start_len >= 0:
         rows = [[value(p, ids[p]), ids[p]] for p in range(req.params.logprob_start_len + 1, len(ids))]
         tops = [[[-0.001 * j, j] for j in range(k)] for _ in rows] if k else None
+        ranks = [rank(t) for _, t in rows] if req.params.return_input_ranks else None
     if req.params.max_tokens == 0:
         yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason("length"), prompt_tokens=len(ids),
-                            input_token_logprobs=rows, input_top_logprobs=tops)
+                            input_token_logprobs=rows, input_top_logprobs=tops, input_token_ranks=ranks)
         return
     lp = req.params.return_logprob
     tok = ids[-1]
@@ -49,6 +55,7 @@ def model(req: GenerateRequest):
             finish_reason=FinishReason("length") if last else None, prompt_tokens=len(ids), completion_tokens=i + 1,
             input_token_logprobs=(rows if i == 0 else []) if rows is not None else None,
             input_top_logprobs=(tops if i == 0 else []) if tops is not None else None,
+            input_token_ranks=(ranks if i == 0 else []) if ranks is not None else None,
             output_token_logprobs=[[value(len(ids) + i, tok), tok]] if lp else None,
             output_top_logprobs=([[[-0.001 * j, j] for j in range(k)]] if k else []) if lp else None)
 

@@ -129,11 +129,12 @@ async def test_ready():
 
 def test_ingress_never_imports_the_engine():
     # Of the engine, only the pure message modules that workers.protocol re-exports (SamplingParams, the
-    # finish and the merge of deltas); never the engine's machinery, never torch.
+    # finish and the merge of deltas, the compact encoding); never the engine's machinery, never torch.
     code = (
         "import sys, ingress.app, ingress.backend, ingress.deployment;"
         "bad = [m for m in sys.modules if (m == 'engine' or m.startswith('engine.')) and m not in"
-        " ('engine', 'engine.sampling_params', 'engine.outputs') or m == 'torch' or m.startswith('torch.')];"
+        " ('engine', 'engine.sampling_params', 'engine.outputs', 'engine.compact')"
+        " or m == 'torch' or m.startswith('torch.')];"
         "assert not bad, bad;"
         "from ray.serve.deployment import Deployment;"
         "from ingress.deployment import Ingress;"

@@ -13,8 +13,8 @@ from ingress.errors import InvalidRequest, Unavailable
 from ingress.generate.schemas import GenerateBody
 from ingress.generate.validation import to_request, validate
 from ingress.lifecycle import Batch
-from ingress.openai.schemas import CompletionBody
-from ingress.openai.validation import validate_completion
+from ingress.openai.completions import validate_completion
+from ingress.openai.schemas.completions import CompletionBody
 from tests.helpers.fakes import HANG, INFO, FakeBackend, fake_model
 from workers.protocol import GenerateRequest, SamplingParams
 

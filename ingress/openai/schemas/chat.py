@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ingress.openai.schemas import STRICT_BODY, SamplingFields, Usage
+from ingress.openai.schemas.common import STRICT_BODY, SamplingFields, Usage
 
 
 class ContentPart(BaseModel):
@@ -45,7 +45,7 @@ class ChatBody(SamplingFields):
     response_format: dict[str, Any] | None = Field(None, description="Only null or {\"type\": \"text\"}.")
 
 
-# Response models: documentation only (the route builds its JSON by hand, see chat_render.py).
+# Response models: documentation only (the route builds its JSON by hand, see ingress/openai/render/chat.py).
 
 class TopLogprob(BaseModel):
     token: str = Field(description="The token decoded alone.")

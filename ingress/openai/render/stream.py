@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from ingress.backend import Backend
 from ingress.errors import IngressError, ServerError, finish_error, worker_failed
 from ingress.lifecycle import Batch
-from ingress.openai.render import error_json
+from ingress.openai.render.common import error_json
 from ingress.sse import SSE_DONE, sse_data
 from workers.protocol import GenerateChunk
 

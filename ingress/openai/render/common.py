@@ -1,0 +1,69 @@
+"""What the OpenAI routes' renderings share: the response envelope, usage, finish reasons, OpenAI's error body.
+
+A chunk is already a delta (protocol.py), so one chunk is one streamed choice delta and a merged chunk is the
+whole choice. Token strings are each id decoded alone (as OpenAI and vLLM do); the caller fetches them from the
+worker's tokenizer for the ids a choice's `needed_ids` names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from ingress.errors import IngressError
+from workers.protocol import FinishReason, GenerateChunk
+
+
+def generated_ids(chunk: GenerateChunk) -> set[int]:
+    """The ids a chunk's generated-token logprobs name: each token's and its alternatives'."""
+    ids = {t for _, t in chunk.output_token_logprobs or ()}
+    for row in chunk.output_top_logprobs or ():
+        ids.update(t for _, t in row)
+    return ids
+
+
+def token_name(token_id: int, texts: Mapping[int, str], as_ids: bool) -> str:
+    """A logprob entry's token: its text decoded alone, or vLLM's `token_id:<id>` (return_tokens_as_token_ids), which
+    names a token that no JSON string spells (a lone byte of a multi-byte character)."""
+    return f"token_id:{token_id}" if as_ids else texts[token_id]
+
+
+def finish_reason(chunk: GenerateChunk) -> str | None:
+    if not chunk.finished or chunk.finish_reason is None:
+        return None
+    return chunk.finish_reason.type
+
+
+def echo_only_chunk(rid: str, prompt_len: int) -> GenerateChunk:
+    """The whole answer of a prompt with nothing to compute (max_tokens 0 and no prompt rows asked for)."""
+    return GenerateChunk(rid=rid, finished=True, finish_reason=FinishReason(type="length"),
+                         prompt_tokens=prompt_len)
+
+
+class Counted(Protocol):
+    """A choice that knows its prompt and how many tokens it generated (ChoiceBuilder, chat's ChatChoice)."""
+
+    prompt_ids: list[int]
+    completion_tokens: int
+
+
+def usage_json(choices: Sequence[Counted]) -> dict[str, int]:
+    prompt = sum(len(c.prompt_ids) for c in choices)
+    completion = sum(c.completion_tokens for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def completion_json(cid: str, created: int, model: str, choices: list[dict[str, Any]],
+                    usage: dict[str, int] | None = None, with_usage: bool = True,
+                    obj: str = "text_completion") -> dict[str, Any]:
+    """The response (or one streamed chunk, with `with_usage` only when the client asked for usage); `obj` is
+    the object's kind (chat: "chat.completion", "chat.completion.chunk")."""
+    out: dict[str, Any] = {"id": cid, "object": obj, "created": created, "model": model, "choices": choices}
+    if with_usage:
+        out["usage"] = usage
+    return out
+
+
+def error_json(exc: IngressError) -> dict[str, Any]:
+    """OpenAI's error body, for an answer and for the in-band error event of a stream."""
+    return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.status}}
