@@ -66,6 +66,10 @@ class Backend(Protocol):
         """`text`'s ids; by default exactly as a text prompt of `generate` is tokenized."""
         ...
 
+    async def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        """`tokenize` of each of `texts` (no special tokens), from one call."""
+        ...
+
     async def detokenize(self, ids: list[int]) -> str:
         """The text of in-vocabulary `ids`, special tokens included."""
         ...
@@ -168,6 +172,9 @@ class HandleBackend:
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return await _call(self._worker.tokenize, text, add_special_tokens)
+
+    async def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        return await _call(self._worker.tokenize_many, texts)
 
     async def detokenize(self, ids: list[int]) -> str:
         return await _call(self._worker.detokenize, ids)

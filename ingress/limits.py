@@ -35,8 +35,7 @@ def logprob_entries(req: GenerateRequest) -> int:
 
 def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings) -> None:
     """Raise InvalidRequest (400) when the worker requests of one HTTP request exceed a limit."""
-    if len(requests) > settings.max_batch_items:
-        raise InvalidRequest(FAN_OUT_OVER.format(n=len(requests), limit=settings.max_batch_items))
+    check_fan_out(len(requests), settings)
     for req in requests:
         check_fields(req, settings)
         k = req.params.top_logprobs_num
@@ -45,6 +44,13 @@ def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings)
     entries = sum(logprob_entries(req) for req in requests)
     if entries > settings.max_logprob_entries:
         raise InvalidRequest(ENTRIES_OVER.format(entries=entries, limit=settings.max_logprob_entries))
+
+
+def check_fan_out(n: int, settings: IngressSettings) -> None:
+    """The fan-out bound alone, for a route that can count its worker requests from the body before any worker call
+    (tokenizing /v1/score's 300 text items is 300 texts of worker time, and then the request is refused anyway)."""
+    if n > settings.max_batch_items:
+        raise InvalidRequest(FAN_OUT_OVER.format(n=n, limit=settings.max_batch_items))
 
 
 def check_fields(req: GenerateRequest, settings: IngressSettings) -> None:

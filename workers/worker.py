@@ -135,6 +135,15 @@ class EngineWorker:
             raise ValueError(broken.message)
         return await self._encode(text, add_special_tokens)
 
+    async def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        """`tokenize` of each text (no special tokens) in one call: a route with many text items (/v1/score,
+        a completions batch) holds one slot of this replica, not one call per text in its queue."""
+        for text in texts:
+            broken = self._untokenizable(text)
+            if broken is not None:
+                raise ValueError(broken.message)
+        return await asyncio.to_thread(lambda: [self.tokenizer.encode(t, add_special_tokens=False) for t in texts])
+
     async def detokenize(self, ids: list[int]) -> str:
         """The text of `ids`, special tokens included (the ingress checks ids against the vocabulary)."""
         return await asyncio.to_thread(self.tokenizer.decode, ids, skip_special_tokens=False)
