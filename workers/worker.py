@@ -46,7 +46,7 @@ class EngineWorker:
     `tokenizer_info` (for the OpenAI-compatible routes); Serve calls `check_health`."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None,
-                 weights_registry: str | None = None) -> None:
+                 weight_updates: bool = False) -> None:
         cfg = EngineConfig(**engine_config)
         # Ray sets OMP_NUM_THREADS=1 in actors with < 2 CPUs: take the thread count from the config.
         # Carriers are built in the engine thread (generate's `convert`): a large delta never holds this replica's
@@ -65,8 +65,9 @@ class EngineWorker:
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())
         self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
         # Weight updates (weight_sync.py): the recorded weights are loaded before this replica serves.
-        if weights_registry is not None:
-            WeightSync(self.engine, registry_actor(weights_registry), replica_label()).start()
+        self.weight_updates = weight_updates
+        if weight_updates:
+            WeightSync(self.engine, registry_actor(), replica_label()).start()
         log.info("rayscore worker ready: model=%s device=%s dtype=%s kv_blocks=%d pid=%d CUDA_VISIBLE_DEVICES=%s",
                  cfg.model, eng.device, cfg.dtype, eng.kv.pool.num_blocks, os.getpid(),
                  os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -143,6 +144,11 @@ class EngineWorker:
             if broken is not None:
                 raise ValueError(broken.message)
         return await asyncio.to_thread(lambda: [self.tokenizer.encode(t, add_special_tokens=False) for t in texts])
+
+    async def weights_registry(self) -> Any:
+        """A fresh handle on the deployment's weight registry actor (the ingress's way to it: its name is Serve's,
+        known inside this deployment only), or None with weight updates off."""
+        return await asyncio.to_thread(registry_actor) if self.weight_updates else None
 
     async def detokenize(self, ids: list[int]) -> str:
         """The text of `ids`, special tokens included (the ingress checks ids against the vocabulary)."""
