@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 _TOOLS = {"limits": "bench.limits", "reliability": "bench.reliability", "invariant": "bench.invariant",
           "invariant_device": "bench.invariant_device", "long_prefill": "bench.long_prefill",
           "families": "bench.families", "cuda_check": "bench.cuda_check",
-          "weight_update": "bench.weight_update", "tp": "bench.tp"}
+          "weight_update": "bench.weight_update", "tp": "bench.tp", "cluster_faults": "bench.cluster_faults"}
 
 
 def main(argv: list[str] | None = None) -> None:
