@@ -27,10 +27,18 @@ def port(serve_url: str):
 
 def raw(port: int, head: bytes) -> tuple[int, bytes]:
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
-        s.sendall(head + b"Connection: close\r\n\r\n")
+        try:
+            s.sendall(head + b"Connection: close\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):  # answered and closed before all of it was sent
+            pass
         out = b""
-        while chunk := s.recv(65536):
-            out += chunk
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except ConnectionResetError:
+            pass
+        if not out:
+            return 0, b"reset"
     return int(out.split(b" ", 2)[1]), out.partition(b"\r\n\r\n")[2]
 
 
@@ -48,5 +56,6 @@ def test_non_utf8_serve_headers_are_a_400(port: int, name: bytes) -> None:
 
 def test_headers_are_bounded(port: int) -> None:
     status, body = raw(port, GET + b"".join(b"X-H%d: %s\r\n" % (i, b"a" * 8192) for i in range(128)))
-    assert status in (400, 431), body  # the guard's 431, or the proxy's own parser refusing first
+    # The guard's 431, the proxy's own parser refusing first, or the connection reset while still sending.
+    assert status in (0, 400, 431), body
     assert raw(port, GET + b"X-H: " + b"a" * 12000 + b"\r\n")[0] == 200

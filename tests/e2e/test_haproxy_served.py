@@ -38,7 +38,7 @@ def test_the_front_door_is_haproxy(facts: dict) -> None:
 def test_scoring_ids_keys_and_streaming_hold(facts: dict) -> None:
     status, rid, err = facts["score"]
     assert status == 200 and rid == "front-1" and err <= 1e-4
-    assert facts["no_key"] == 401
+    assert facts["no_key"] == 401 and facts["weight_version"] == "default"
     assert facts["stream"][:2] == [True, True]
     assert facts["long_request"][0] == 200 and facts["long_request"][1] > HEADER_TIMEOUT_S
     assert facts["aborted"]
@@ -47,7 +47,8 @@ def test_scoring_ids_keys_and_streaming_hold(facts: dict) -> None:
 def test_no_header_value_is_a_5xx(facts: dict) -> None:
     for name, status in facts["headers"].items():
         assert " 400 " in status + " ", (name, status)
-    assert facts["big_headers"].split(" ")[1] in ("400", "431")
+    # Refused (HAProxy's 400 once its buffer is full), or the connection reset while the client was still sending.
+    assert facts["big_headers"] == "reset" or facts["big_headers"].split(" ")[1] in ("400", "431")
 
 
 def test_idle_connection_cut_within_the_header_timeout(facts: dict) -> None:

@@ -47,8 +47,10 @@ def _raw(port: int, data: bytes, wait_s: float = 30.0) -> tuple[str, float]:
     """The status line the server answers raw bytes with, and how long it took ('' when it closed silently)."""
     started = time.monotonic()
     with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as s:
-        if data:
+        try:
             s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):  # answered and closed before all was sent (1 MiB of headers)
+            pass
         out = b""
         try:
             while b"\r\n" not in out:
@@ -58,6 +60,8 @@ def _raw(port: int, data: bytes, wait_s: float = 30.0) -> tuple[str, float]:
                 out += chunk
         except TimeoutError:
             return "timeout", time.monotonic() - started
+        except ConnectionResetError:
+            return "reset", time.monotonic() - started
     return out.split(b"\r\n")[0].decode("latin-1"), time.monotonic() - started
 
 
@@ -78,6 +82,7 @@ def probe(port: int, app: str) -> dict[str, Any]:
         facts["score"] = (r.status_code, r.headers.get("x-request-id"),
                           max(abs(a - b) for a, b in zip(got, hf_scores(model, ids, 4), strict=True)))
         facts["no_key"] = httpx.post(url + "/generate", json=score_body(ids, 4)).status_code
+        facts["weight_version"] = c.get("/model_info").json().get("weight_version")
         body = {"input_ids": ids[:8], "max_tokens": 12, "temperature": 0}
         whole = c.post("/generate", json=body).json()["output_ids"]
         with c.stream("POST", "/generate", json={**body, "stream": True}) as s:
@@ -122,7 +127,10 @@ def main() -> None:
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port, "keep_alive_timeout_s": 5},
                     logging_config={"enable_access_log": False})
-        serve.run(build_app(app_args(num_workers=1, api_keys=[KEY], header_timeout_s=HEADER_TIMEOUT_S)),
+        # weight_updates as configs/local.yaml has it: the registry actor under throughput mode (user code on the
+        # replica's event loop).
+        serve.run(build_app(app_args(num_workers=1, api_keys=[KEY], header_timeout_s=HEADER_TIMEOUT_S,
+                                     weight_updates=True)),
                   name="front", route_prefix="/", blocking=False)
         wait_ready("front")
         time.sleep(2)  # HAProxy learns the replica's address
