@@ -42,8 +42,9 @@ log = logging.getLogger("ray.serve")
 class EngineWorker:
     """Serve deployment body (bound with options in deploy/app.py). Methods called through a handle:
     `generate` (stream=True), `generate_whole` (unary: whole answers of several requests), `model_info`, `stats`,
-    and the tokenizer's `tokenize`, `detokenize`, `token_texts`, `apply_chat_template`,
-    `tokenizer_info` (for the OpenAI-compatible routes); Serve calls `check_health`."""
+    the tokenizer's `tokenize`, `tokenize_many`, `detokenize`, `detokenize_many`, `token_texts`, `apply_chat_template`,
+    `tokenizer_info` (for the OpenAI-compatible routes), and `weights_registry` (the weight registry's actor handle);
+    Serve calls `check_health`."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None,
                  weight_updates: bool = False) -> None:
