@@ -67,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
 _TOOLS = {"limits": "bench.limits", "reliability": "bench.reliability", "invariant": "bench.invariant",
           "invariant_device": "bench.invariant_device", "long_prefill": "bench.long_prefill",
           "families": "bench.families", "cuda_check": "bench.cuda_check",
-          "weight_update": "bench.weight_update", "tp": "bench.tp", "cluster_faults": "bench.cluster_faults"}
+          "weight_update": "bench.weight_update", "tp": "bench.tp", "cluster_faults": "bench.cluster_faults",
+          "front_door": "bench.front_door"}
 
 
 def main(argv: list[str] | None = None) -> None:

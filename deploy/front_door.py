@@ -31,6 +31,17 @@ class FrontDoor:
     description: str  # the one start-up log line
 
 
+def private_haproxy_files(run_dir: str, stats_port: int, metrics_port: int) -> dict[str, str]:
+    """HAProxy's files and ports for one Ray of several on a machine (tests, bench): Serve's defaults are fixed paths
+    under /tmp/haproxy-serve and fixed ports. `run_dir` must be short: HAProxy takes socket paths of 97 bytes at most
+    (Serve adds the node id's 56 characters)."""
+    return {"RAY_SERVE_HAPROXY_STATS_PORT": str(stats_port), "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics_port),
+            "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{run_dir}/haproxy.cfg",
+            "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{run_dir}/admin.sock", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": run_dir,
+            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{run_dir}/server-state",
+            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{run_dir}/metrics.sock"}
+
+
 def haproxy_unavailable() -> str | None:
     """Why Serve's HAProxy ingress cannot run here, or None when it can."""
     try:

@@ -28,18 +28,14 @@ def _environment() -> str:
     """The front door's environment, with HAProxy's files and ports private to this run (others may run one)."""
     import yaml
 
-    from deploy.front_door import front_door
+    from deploy.front_door import front_door, private_haproxy_files
 
     config = yaml.safe_load(open("configs/test.yaml"))
     config["applications"][0]["args"]["header_timeout_s"] = HEADER_TIMEOUT_S
     door = front_door(config, os.environ)
-    run = tempfile.mkdtemp(prefix="rsh", dir="/tmp")  # short: HAProxy takes socket paths of 97 bytes at most
     os.environ.update(door.env)
-    os.environ.update(RAY_SERVE_HAPROXY_STATS_PORT=str(_free_port()), RAY_SERVE_HAPROXY_METRICS_PORT=str(_free_port()),
-                      RAY_SERVE_HAPROXY_CONFIG_FILE_LOC=f"{run}/haproxy.cfg",
-                      RAY_SERVE_HAPROXY_SOCKET_PATH=f"{run}/admin.sock", RAY_SERVE_HAPROXY_SERVER_STATE_BASE=run,
-                      RAY_SERVE_HAPROXY_SERVER_STATE_FILE=f"{run}/server-state",
-                      RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH=f"{run}/metrics.sock")
+    run = tempfile.mkdtemp(prefix="rsh", dir="/tmp")  # short: HAProxy takes socket paths of 97 bytes at most
+    os.environ.update(private_haproxy_files(run, _free_port(), _free_port()))
     return door.description
 
 
