@@ -77,6 +77,7 @@ _TOOLS = {
     "invariant": "bench.invariance.compare", "invariant_cost": "bench.invariance.cost",
     "invariant_device": "bench.invariance.device",
     "compact": "bench.workloads.compact",
+    "cluster_faults": "bench.serving.cluster_faults", "front_door": "bench.serving.front_door",
 }
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
+import ray
 from ray.serve import Application
-from ray.serve.config import RequestRouterConfig
+from ray.serve.config import DeploymentActorConfig, RequestRouterConfig
 
 from deploy.config import AppConfig
 from ingress.deployment import Ingress
+from workers.weight_sync import REGISTRY_ACTOR
+from workers.weights import WeightRegistry
 from workers.worker import EngineWorkerDeployment
 
 
@@ -35,11 +37,19 @@ def _ranks(cfg: AppConfig) -> dict[str, Any]:
     return {"placement_group_bundles": [bundle] * cfg.tensor_parallel_size, "placement_group_strategy": "STRICT_PACK"}
 
 
+def _registry(cfg: AppConfig) -> dict[str, Any]:
+    """The weight registry (workers/weights.py) as a deployment-scoped actor of the workers: Serve starts it before
+    them and stops it with the deployment, so nothing of a deploy outlives it (`serve shutdown`, `serve delete`),
+    and no per-deploy name reaches the replicas' arguments (which would make every redeploy restart them)."""
+    if not cfg.weight_updates:
+        return {}
+    actor = DeploymentActorConfig(name=REGISTRY_ACTOR, actor_class=ray.remote(WeightRegistry),
+                                  actor_options={"num_cpus": 0})
+    return {"deployment_actors": [actor]}
+
+
 def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
-    # The weight registry (workers/weights.py) is named per deploy: a new deploy starts on the config's weights,
-    # and an update reaches this deploy's workers only.
-    registry = f"rayscore-weights-{uuid.uuid4().hex[:16]}" if cfg.weight_updates else None
     worker = EngineWorkerDeployment.options(
         ray_actor_options={"num_cpus": cfg.worker_num_cpus, "num_gpus": cfg.worker_num_gpus},
         max_ongoing_requests=cfg.worker_max_ongoing_requests, max_queued_requests=cfg.worker_max_queued_requests,
@@ -47,11 +57,11 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
         # the engine thread); a stuck engine fails check_health itself after stuck_engine_timeout_s.
         health_check_period_s=5, health_check_timeout_s=30,
         graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
-        **_routing(cfg), **_ranks(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
-    ).bind(cfg.engine_config(), cfg.model_name, registry)
+        **_routing(cfg), **_ranks(cfg), **_registry(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
+    ).bind(cfg.engine_config(), cfg.model_name, cfg.weight_updates)
     return Ingress.options(
         ray_actor_options={"num_cpus": cfg.ingress_num_cpus}, max_ongoing_requests=cfg.ingress_max_ongoing_requests,
         graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
         **_scaling(cfg.ingress_num_replicas, cfg.ingress_autoscaling),
     ).bind(worker, settings=cfg.ingress_settings(), allow_unauthenticated=cfg.allow_unauthenticated,
-           weights_registry=registry)
+           weight_updates=cfg.weight_updates)

@@ -1,22 +1,29 @@
-"""`make serve`: `serve run <config>` on a local Ray whose metrics are at a fixed, documented address.
+"""`make serve`: `serve run <config>` on a local Ray whose front door and metrics are set up here.
 
-`serve run` alone starts Ray with a random metrics port. This starts the local Ray first, with
-`--metrics-export-port` (default 8080: `curl http://127.0.0.1:8080/metrics` shows rayscore's and Serve's
-metrics), then hands over to `serve run`, which reuses the Ray it finds initialized. Ctrl-C stops both.
+`serve run` alone starts Ray with a random metrics port and Serve's Python proxy. This starts the local Ray first,
+with `--metrics-export-port` (default 8080: `curl http://127.0.0.1:8080/metrics` shows rayscore's and Serve's
+metrics) and with the front door in the environment of Ray's processes (front_door.py: Ray Serve's HAProxy ingress
+and throughput-optimized data plane where they can run, the header guard in any case), then hands over to `serve run`,
+which reuses the Ray it finds initialized. Ctrl-C stops both.
 
     python -m deploy.launch configs/local.yaml [--metrics-export-port 8080]
+    python -m deploy.launch configs/cluster.yaml --print-env    # the variables to give `ray start` on each node
 
-On a cluster, start each node with `ray start ... --metrics-export-port=8080` and use `serve run` /
-`serve deploy` as usual (configs/cluster.yaml).
+On a cluster, start each node with those variables and `ray start ... --metrics-export-port=8080`, then use
+`serve run` / `serve deploy` as usual (configs/cluster.yaml).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 from types import FrameType
 
 import ray
+import yaml
+
+from deploy.front_door import front_door
 
 DEFAULT_METRICS_PORT = 8080
 
@@ -30,7 +37,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("config", help="Serve config file, as for `serve run`")
     parser.add_argument("--metrics-export-port", type=int, default=DEFAULT_METRICS_PORT,
                         help="Port of Ray's Prometheus endpoint on this node (default %(default)s)")
+    parser.add_argument("--print-env", action="store_true",
+                        help="Print the front door's environment for `ray start` and exit")
     args = parser.parse_args(argv)
+
+    with open(args.config) as f:
+        door = front_door(yaml.safe_load(f), os.environ)
+    if args.print_env:
+        print("\n".join(f"{k}={v}" for k, v in door.env.items()))
+        return
+    print(f"rayscore: front door: {door.description}", flush=True)
+    os.environ.update(door.env)  # before Ray starts: its processes inherit this environment
 
     # `serve run` shuts Serve down on KeyboardInterrupt: Ctrl-C, and also a supervisor's SIGTERM, or a SIGINT
     # sent to a launcher started in the background (where the shell had SIGINT ignored).

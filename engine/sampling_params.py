@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from rulebook.rules import MIN_TEMPERATURE
+
 
 @dataclass
 class SamplingParams:
     # Tokens to generate; 0 = score only (requires logprob_start_len >= 0).
     max_tokens: int = 128
-    # 0 = greedy.
+    # Below rulebook.rules.MIN_TEMPERATURE (1e-5; 0 included) = greedy.
     temperature: float = 1.0
     top_p: float = 1.0
     # -1 or 0 = no top-k filter.
@@ -62,7 +64,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Not `== 0`: logits / 1e-40 overflows float32 and would sample from NaN probabilities.
+        return self.temperature < MIN_TEMPERATURE
 
     def logprob_entries(self, num_prompt_tokens: int) -> int:
         """How many [value, token_id] entries the answer holds at most: rows x (1 + k), where the rows are the

@@ -16,7 +16,6 @@ from ingress.coalesce import Coalescer
 from ingress.errors import Overloaded, WorkerLost, worker_failed
 from workers.protocol import (
     DEFAULT_WEIGHT_VERSION,
-    WEIGHTS_NAMESPACE,
     ChatPrompt,
     GenerateChunk,
     GenerateRequest,
@@ -66,6 +65,10 @@ class Backend(Protocol):
         """`text`'s ids; by default exactly as a text prompt of `generate` is tokenized."""
         ...
 
+    async def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        """`tokenize` of each of `texts` (no special tokens), from one call."""
+        ...
+
     async def detokenize(self, ids: list[int]) -> str:
         """The text of in-vocabulary `ids`, special tokens included."""
         ...
@@ -105,13 +108,13 @@ class HandleBackend:
     (`_translated`)."""
 
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
-                 weights_registry: str | None = None, coalesce_max_in_flight: int = 0,
+                 weight_updates: bool = False, coalesce_max_in_flight: int = 0,
                  coalesce_max_tokens: int = 2048) -> None:
         self._worker = worker
         # Concurrent short scoring calls merged into one worker call under load (coalesce.py).
         self.coalescer = Coalescer(self._whole_call, coalesce_max_in_flight, coalesce_max_tokens)
-        # The worker deployment's weight registry (a Ray actor named per deploy, created by the first worker).
-        self._weights_registry = weights_registry
+        # The worker deployment's weight registry: a deployment-scoped actor, reached through a worker (_registry).
+        self._weight_updates = weight_updates
         self._stream_worker = worker.options(stream=True)
         self._ready_timeout_s = ready_timeout_s
         # Every replica serves the same model, so the first answer holds for the deployment's lifetime.
@@ -169,6 +172,9 @@ class HandleBackend:
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return await _call(self._worker.tokenize, text, add_special_tokens)
 
+    async def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        return await _call(self._worker.tokenize_many, texts)
+
     async def detokenize(self, ids: list[int]) -> str:
         return await _call(self._worker.detokenize, ids)
 
@@ -187,39 +193,40 @@ class HandleBackend:
         return self._tokenizer_info
 
     async def update_weights(self, req: WeightUpdate) -> WeightUpdateResult:
-        if self._weights_registry is None:
+        if not self._weight_updates:
             return WeightUpdateResult(False, WEIGHT_UPDATES_OFF)
-        registry = self._registry()
+        registry = await self._registry()
         if registry is None:
             return WeightUpdateResult(False, "No worker replica has started: there are no weights to update yet.")
         result: WeightUpdateResult = await registry.update.remote(req)
         return result
 
     async def flush_cache(self) -> WeightUpdateResult:
-        if self._weights_registry is None:
+        if not self._weight_updates:
             return WeightUpdateResult(False, WEIGHT_UPDATES_OFF)
-        registry = self._registry()
+        registry = await self._registry()
         if registry is None:
             return WeightUpdateResult(False, "No worker replica has started: there is no cache to flush.")
         result: WeightUpdateResult = await registry.flush.remote()
         return result
 
     async def weight_version(self) -> str:
-        registry = self._registry()
+        registry = await self._registry()
         if registry is None:
             return DEFAULT_WEIGHT_VERSION
         version: str = await registry.version.remote()
         return version
 
-    def _registry(self) -> Any:
-        """The registry's actor handle by name (the ingress imports no worker code), None before any worker made it."""
-        import ray
-
-        if self._weights_registry is None:
+    async def _registry(self) -> Any:
+        """The registry's actor handle, asked of a worker each time (its name is Serve's, per code version, and a
+        handle held across Serve's recreation of the actor would point at the old one; the admin routes are rare);
+        None with updates off or when no worker answers."""
+        if not self._weight_updates:
             return None
         try:
-            return ray.get_actor(self._weights_registry, namespace=WEIGHTS_NAMESPACE)
-        except ValueError:
+            return await _call(self._worker.weights_registry)
+        except Exception as exc:  # no worker, or the registry is being recreated
+            logger.info("weight registry not reachable: %s", type(exc).__name__)
             return None
 
     async def ready(self) -> bool:

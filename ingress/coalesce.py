@@ -57,6 +57,10 @@ class Coalescer:
         self.calls = 0  # worker calls made, and how many callers they served: what tests and the bench read
         self.coalesced = 0
 
+    def resize(self, max_in_flight: int, max_tokens: int) -> None:
+        """New bounds (the ingress's reconfigure); calls out now finish under the old ones."""
+        self._max_in_flight, self._max_tokens = max_in_flight, max_tokens
+
     def _tokens(self, reqs: Sequence[GenerateRequest]) -> int | None:
         """Prompt tokens of `reqs` when every one may coalesce (scoring of token ids), else None."""
         total = 0

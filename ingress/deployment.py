@@ -1,12 +1,13 @@
 """The Ray Serve ingress deployment: the FastAPI app of app.py over the worker deployment's handle.
 
 Bound by deploy/ (never here): `Ingress.options(...).bind(worker_app, settings=..., allow_unauthenticated=...,
-weights_registry=...)`. Constructor: `Ingress(worker: DeploymentHandle, ready_timeout_s: float = 5.0,
-settings: IngressSettings | None, allow_unauthenticated: bool = False, weights_registry: str | None = None)`,
+weight_updates=...)`. Constructor: `Ingress(worker: DeploymentHandle, ready_timeout_s: float = 5.0,
+settings: IngressSettings | None, allow_unauthenticated: bool = False, weight_updates: bool = False)`,
 where `worker` is the worker deployment (methods `generate` streaming GenerateChunk, `model_info`, `stats`),
 `ready_timeout_s` bounds how long GET /health waits for a worker's `stats` before answering 503, `settings` holds
-the limits, deadlines and config keys (settings.py), and `weights_registry` names the worker deployment's weight
-registry (workers/weights.py; None: no weight updates).
+the limits, deadlines and config keys (settings.py), and `weight_updates` says whether the worker deployment keeps a
+weight registry (workers/weights.py). Serve's `user_config` on this deployment ({field: value} of IngressSettings
+but the keys) replaces those settings in place through `reconfigure`, without restarting the replica.
 Handle method: `stats()` -> IngressStats (requests run again after their worker was lost).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, fields
+from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
@@ -25,6 +27,7 @@ from ingress.app import build_fastapi_app
 from ingress.backend import HandleBackend
 from ingress.edge.auth import with_keys
 from ingress.edge.metrics import IngressMetrics
+from ingress.live_app import LiveApp, runtime_settings
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
 from workers.replica import replica_label
@@ -73,11 +76,14 @@ class IngressStats:
 class Ingress:
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
                  settings: IngressSettings | None = None, allow_unauthenticated: bool = False,
-                 weights_registry: str | None = None) -> None:
+                 weight_updates: bool = False) -> None:
         # Keys from $RAYSCORE_API_KEYS are read here, where the ingress runs, and never leave this process.
         # Raising here fails the deployment: a server reachable from other machines without keys never starts.
         self._settings = with_keys(settings or IngressSettings(), os.environ, serve_http_host(), allow_unauthenticated)
-        self._backend = HandleBackend(worker, ready_timeout_s=ready_timeout_s, weights_registry=weights_registry,
+        self._base_settings = self._settings  # what `args` gave; user_config (reconfigure) is laid over it
+        self._app: LiveApp | None = None
+        self._metrics: IngressMetrics | None = None  # made on the replica (Serve's context), kept across rebuilds
+        self._backend = HandleBackend(worker, ready_timeout_s=ready_timeout_s, weight_updates=weight_updates,
                                       coalesce_max_in_flight=self._settings.coalesce_max_in_flight,
                                       coalesce_max_tokens=self._settings.coalesce_max_tokens)
         metric = Counter("rayscore_retries_total",
@@ -85,9 +91,23 @@ class Ingress:
         self._retries = RetryCounter(on_retry=metric.inc)
         logger.info("rayscore ingress: %d API key(s), %s", len(self._settings.api_keys), self._settings)
 
-    def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_fastapi_app(self._backend, self._settings, self._retries,
-                                 on_request=IngressMetrics(replica_label()).observe)
+    def __serve_build_asgi_app__(self) -> LiveApp:
+        self._app = LiveApp(self._build())
+        return self._app
+
+    def reconfigure(self, user_config: dict[str, Any] | None) -> None:
+        """Serve's user_config (`deployments: [{name: Ingress, user_config: {...}}]` in the YAML): IngressSettings
+        fields set in place, no restart; the next request runs on them. Called after __init__ at every start too."""
+        self._settings = runtime_settings(self._base_settings, user_config)
+        self._backend.coalescer.resize(self._settings.coalesce_max_in_flight, self._settings.coalesce_max_tokens)
+        if self._app is not None:
+            self._app.replace(self._build())
+        logger.info("rayscore ingress reconfigured: %s", self._settings)
+
+    def _build(self) -> FastAPI:
+        if self._metrics is None:
+            self._metrics = IngressMetrics(replica_label())
+        return build_fastapi_app(self._backend, self._settings, self._retries, on_request=self._metrics.observe)
 
     async def stats(self) -> IngressStats:
         """This replica's counters (handle method; HTTP routes are the app's)."""

@@ -46,7 +46,7 @@ from ingress.errors import (
     worker_failed,
 )
 from ingress.fan_out import as_one_unit
-from ingress.limits import check_limits
+from ingress.limits import check_fan_out, check_limits
 from ingress.retry import RetryBudget, RetryCounter
 from ingress.settings import IngressSettings
 from ingress.sse import SSEResponse
@@ -87,6 +87,11 @@ class Batch:
     def settings(self) -> IngressSettings:
         """The limits `open` and `answers` check (a route checks them first where a 400 must name its field)."""
         return self._settings
+
+    def check_fan_out(self, n: int) -> None:
+        """InvalidRequest (400 naming max_batch_items) when the HTTP request will make more than the limit's worker
+        requests: for routes that know the count from the body, before their first worker call (tokenizing)."""
+        check_fan_out(n, self._settings)
 
     def open(self, requests: Sequence[GenerateRequest], info: ModelInfo) -> None:
         """Check the requests against the limits and the worker's queue bounds (InvalidRequest), then start one

@@ -27,12 +27,18 @@ def logprob_entries(req: GenerateRequest) -> int:
 def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings, param: str | None = None) -> None:
     """Raise InvalidRequest (400) when the worker requests of one HTTP request exceed a limit. param: the body's
     field that asked for the logprobs (a route that knows it checks first, so that its 400 names the field)."""
-    enforce(limits.fan_out_over(len(requests), settings.max_batch_items))
+    check_fan_out(len(requests), settings)
     for req in requests:
         check_fields(req, settings)
         enforce(limits.top_logprobs_over(req.params.top_logprobs_num, settings.max_top_logprobs), param=param)
     enforce(limits.entries_over(sum(logprob_entries(req) for req in requests), settings.max_logprob_entries),
             param=param)
+
+
+def check_fan_out(n: int, settings: IngressSettings) -> None:
+    """The fan-out bound alone, for a route that can count its worker requests from the body before any worker call
+    (tokenizing /v1/score's 300 text items is 300 texts of worker time, and then the request is refused anyway)."""
+    enforce(limits.fan_out_over(n, settings.max_batch_items))
 
 
 def check_fields(req: GenerateRequest, settings: IngressSettings) -> None:

@@ -160,14 +160,19 @@ def negative_top_logprobs(k: int) -> Violation | None:
     return Violation(NEGATIVE_TOP_LOGPROBS.format(k=k)) if k < 0 else None
 
 
-SCORING_TEMPERATURE = "The input_logprob_temperature {value} must be positive and finite."
+# Below this, a sampling temperature is greedy (vLLM's and SGLang's threshold) and a scoring temperature is refused:
+# logits / T in float32 overflows to inf for a subnormal or underflowed T (1e-40 is subnormal, 1e-300 rounds to 0),
+# and the softmax of inf is NaN, which the sampler would turn into token id 0.
+MIN_TEMPERATURE = 1e-5
+SCORING_TEMPERATURE = ("The input_logprob_temperature {value} must be finite and at least " + repr(MIN_TEMPERATURE)
+                       + " (below, logits / T overflows float32).")
 NEEDS_INPUT_SCORING = ("The {name} applies to input-token scoring rows only: it requires logprob_start_len >= 0 "
                        "(and max_tokens=0).")
 
 
 def input_logprob_temperature(temp: float | None) -> Violation | None:
-    """log_softmax(logits / T) needs 0 < T < inf (NaN fails the comparison too); None = not asked (1.0)."""
-    ok = temp is None or 0 < temp < float("inf")
+    """log_softmax(logits / T) needs MIN_TEMPERATURE <= T < inf (NaN fails the comparison too); None = not asked."""
+    ok = temp is None or MIN_TEMPERATURE <= temp < float("inf")
     return None if ok else Violation(SCORING_TEMPERATURE.format(value=temp), param="input_logprob_temperature")
 
 
@@ -193,7 +198,9 @@ class SamplingRule:
 # In the order they are checked (first failure wins). Upper bounds on integers matter as much as lower
 # ones: a 10**30 that reached a torch call would be a 5xx, and nothing a client sends may be.
 SAMPLING_RULES: tuple[SamplingRule, ...] = (
-    SamplingRule("temperature", lambda x, v: x >= 0, "The temperature {value} must be non-negative."),
+    # Any T below MIN_TEMPERATURE is greedy (SamplingParams.greedy); an infinite one has no distribution.
+    SamplingRule("temperature", lambda x, v: 0 <= x < float("inf"),
+                 "The temperature {value} must be non-negative and finite."),
     SamplingRule("top_p", lambda x, v: 0 < x <= 1, "The top_p {value} must be in (0, 1]."),
     SamplingRule("top_k", lambda x, v: -1 <= x <= v,
                  "The top_k {value} must be -1 (disabled) or at most the vocabulary size {vocab}."),
@@ -202,8 +209,8 @@ SAMPLING_RULES: tuple[SamplingRule, ...] = (
                  "The seed {value} must be in [0, " + str(MAX_SEED) + "]."),
     SamplingRule("top_logprobs_num", lambda x, v: x <= v,
                  "The top_logprobs_num {value} exceeds the vocabulary size {vocab}."),
-    # Scoring rows are log_softmax(logits / T): T = 0 or inf has no distribution (NaN rows), so the rule is
-    # positive and finite; None = not asked (1.0).
+    # Scoring rows are log_softmax(logits / T): a tiny T or an infinite one has no float32 distribution (NaN rows),
+    # so the rule is [MIN_TEMPERATURE, inf); None = not asked (1.0).
     SamplingRule("input_logprob_temperature", lambda x, v: input_logprob_temperature(x) is None, SCORING_TEMPERATURE),
     SamplingRule("token_ids_logprob", lambda x, v: 0 <= x < v,
                  "The token_ids_logprob entry {value} is out of range for the vocabulary size {vocab}.", each=True),

@@ -76,6 +76,10 @@ def ray_cluster(smollm2_path: Path, metrics_port: int):
 
     if os.environ.get(NO_RAY):
         raise RuntimeError(f"{NO_RAY} is set (the fast tier): this test needs Ray and must be marked e2e")
+    # Serve's Python proxy with the front door's header guard, as deploy/front_door.py gives a cluster where HAProxy
+    # cannot run (the HAProxy front door has its own cluster: tests/e2e/test_haproxy_served.py). Ray's processes
+    # inherit this environment.
+    os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "ingress.edge.front_door:middlewares")
     ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
              runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": str(smollm2_path.parent)}})
     yield ray

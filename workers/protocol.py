@@ -22,7 +22,7 @@ from engine.sampling_params import SamplingParams
 
 __all__ = [
     "DEFAULT_WEIGHT_VERSION", "ChatPrompt", "FinishReason", "FinishType", "GenerateChunk", "GenerateRequest",
-    "ModelInfo", "SamplingParams", "TokenizerInfo", "WEIGHTS_NAMESPACE", "WeightUpdate", "WeightUpdateResult",
+    "ModelInfo", "SamplingParams", "TokenizerInfo", "WeightUpdate", "WeightUpdateResult",
     "WorkerStats", "compact", "error_chunk", "merge_outputs", "until_finished",
 ]
 
@@ -114,9 +114,6 @@ class GenerateChunk:
     # The weights the request ran on (every chunk of a request carries the same: weights change between requests).
     weight_version: str | None = None
 
-
-# The Ray namespace of the per-deploy weight registries (workers/weights.py); the ingress finds its own by name.
-WEIGHTS_NAMESPACE = "rayscore"
 
 
 @dataclass(frozen=True)

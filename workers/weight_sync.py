@@ -11,19 +11,34 @@ from typing import Any
 
 from engine.async_engine import AsyncEngine
 from engine.loading.weight_update import StagedWeights, WeightUpdateError, apply_weights, stage_weights
-from workers.protocol import WEIGHTS_NAMESPACE
-from workers.weights import WeightAck, WeightOp, WeightRegistry
+from workers.weights import WeightAck, WeightOp
 
 log = logging.getLogger("ray.serve")
 
+# The registry's name among the worker deployment's deployment-scoped actors (deploy/app.py declares it).
+REGISTRY_ACTOR = "weights"
+# How long a replica looks for the registry: Serve starts deployment actors before replicas, and recreates one
+# that failed its health checks within seconds.
+FIND_TIMEOUT_S = 60.0
 
-def registry_actor(name: str) -> Any:
-    """The deployment's registry, created by whichever replica comes first. Detached: it outlives any one replica
-    (all of them crashing included); the name is per deploy (deploy/app.py)."""
-    import ray
 
-    actor = ray.remote(num_cpus=0)(WeightRegistry)
-    return actor.options(name=name, namespace=WEIGHTS_NAMESPACE, lifetime="detached", get_if_exists=True).remote()
+def registry_actor(timeout_s: float = FIND_TIMEOUT_S) -> Any:
+    """The worker deployment's registry: a deployment-scoped actor (Ray Serve's `deployment_actors`), which Serve's
+    controller starts before the replicas, health-checks, recreates, and stops with the deployment, so it outlives
+    any one replica (all of them crashing included) and never the application. Its name is Serve's, per code
+    version: a deploy that rebuilds the app starts on the config's weights, one that only changes lightweight
+    settings keeps the current ones. A fresh handle each call: one held across a recreation points at the old
+    actor."""
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return serve.get_deployment_actor(REGISTRY_ACTOR)
+        except ValueError:  # not created yet, or being recreated
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 class WeightSync:
@@ -52,9 +67,13 @@ class WeightSync:
         while self.engine.is_alive:
             try:
                 op = ray.get(self.registry.watch.remote(self.replica, self._seen))
-            except Exception as exc:  # the registry restarting or unreachable for a moment: try again
+            except Exception as exc:  # the registry recreated or unreachable for a moment: find it again
                 log.warning("weight registry unreachable: %s", exc)
                 time.sleep(1.0)
+                try:
+                    self.registry = registry_actor(timeout_s=0)
+                except ValueError:
+                    pass
                 continue
             if op is None:
                 continue

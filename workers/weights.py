@@ -9,7 +9,8 @@ WeightSync (weight_sync.py) calls `watch`, which answers at once when an operati
 An update is two-phase, so that a bad checkpoint changes no replica: `prepare` (each replica loads and checks it
 beside its serving engine), then `commit` (each drains and swaps) when every replica prepared, else `discard`.
 A replica counts as alive while it calls `watch` within LEASE_S, or once it took the operation until it answers.
-The actor is named per deploy (build_app makes the name), so a new deploy starts from the config's weights.
+The actor is a deployment-scoped actor of the worker deployment (deploy/app.py declares it; Serve names it per code
+version and stops it with the deployment), so a deploy that rebuilds the app starts from the config's weights.
 """
 
 from __future__ import annotations

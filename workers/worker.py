@@ -42,11 +42,12 @@ log = logging.getLogger("ray.serve")
 class EngineWorker:
     """Serve deployment body (bound with options in deploy/app.py). Methods called through a handle:
     `generate` (stream=True), `generate_whole` (unary: whole answers of several requests), `model_info`, `stats`,
-    and the tokenizer's `tokenize`, `detokenize`, `token_texts`, `apply_chat_template`,
-    `tokenizer_info` (for the OpenAI-compatible routes); Serve calls `check_health`."""
+    the tokenizer's `tokenize`, `tokenize_many`, `detokenize`, `detokenize_many`, `token_texts`, `apply_chat_template`,
+    `tokenizer_info` (for the OpenAI-compatible routes), and `weights_registry` (the weight registry's actor handle);
+    Serve calls `check_health`."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None,
-                 weights_registry: str | None = None) -> None:
+                 weight_updates: bool = False) -> None:
         cfg = EngineConfig(**engine_config)
         # Ray sets OMP_NUM_THREADS=1 in actors with < 2 CPUs: take the thread count from the config.
         # Carriers are built in the engine thread (generate's `convert`): a large delta never holds this replica's
@@ -65,8 +66,9 @@ class EngineWorker:
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())
         self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
         # Weight updates (weight_sync.py): the recorded weights are loaded before this replica serves.
-        if weights_registry is not None:
-            WeightSync(self.engine, registry_actor(weights_registry), replica_label()).start()
+        self.weight_updates = weight_updates
+        if weight_updates:
+            WeightSync(self.engine, registry_actor(), replica_label()).start()
         log.info("rayscore worker ready: model=%s device=%s dtype=%s kv_blocks=%d pid=%d CUDA_VISIBLE_DEVICES=%s",
                  cfg.model, eng.device, cfg.dtype, eng.kv.pool.num_blocks, os.getpid(),
                  os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -134,6 +136,20 @@ class EngineWorker:
         if broken is not None:
             raise ValueError(broken.message)
         return await self._encode(text, add_special_tokens)
+
+    async def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        """`tokenize` of each text (no special tokens) in one call: a route with many text items (/v1/score,
+        a completions batch) holds one slot of this replica, not one call per text in its queue."""
+        for text in texts:
+            broken = self._untokenizable(text)
+            if broken is not None:
+                raise ValueError(broken.message)
+        return await asyncio.to_thread(lambda: [self.tokenizer.encode(t, add_special_tokens=False) for t in texts])
+
+    async def weights_registry(self) -> Any:
+        """A fresh handle on the deployment's weight registry actor (the ingress's way to it: its name is Serve's,
+        known inside this deployment only), or None with weight updates off."""
+        return await asyncio.to_thread(registry_actor) if self.weight_updates else None
 
     async def detokenize(self, ids: list[int]) -> str:
         """The text of `ids`, special tokens included (the ingress checks ids against the vocabulary)."""

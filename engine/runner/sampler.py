@@ -6,13 +6,15 @@ from __future__ import annotations
 import torch
 
 from engine.sampling_params import SamplingParams
+from rulebook.rules import MIN_TEMPERATURE
 
 
 def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p masks. logits: [B, V] float32 (non-greedy rows)."""
     device = logits.device
     temp = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
-    x = logits / temp[:, None]
+    # Greedy rows never get here; the clamp keeps a caller that skips that rule from dividing by ~0.
+    x = logits / temp.clamp_min(MIN_TEMPERATURE)[:, None]
     sorted_x, order = x.sort(dim=-1, descending=True)
     vocab = x.shape[-1]
     rank = torch.arange(vocab, device=device)[None, :]
@@ -37,7 +39,12 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     if rows:
         filtered = apply_filters(logits[rows], [params[i] for i in rows])
         probs = filtered.softmax(dim=-1)
+        # No NaN reaches the draw: a row whose probabilities are not finite (non-finite logits from the model)
+        # takes its argmax rather than the id 0 that argmax over NaN gives.
+        sound = torch.isfinite(probs).all(dim=-1).tolist()
         for j, i in enumerate(rows):
+            if not sound[j]:
+                continue
             # Exponential race (Gumbel-max in another form): argmax(p / E), E ~ Exp(1), draws from p.
             noise = torch.empty_like(probs[j]).exponential_(generator=generators[i])
             out[i] = (probs[j] / noise).argmax()

@@ -9,13 +9,14 @@ from __future__ import annotations
 from ray.util.metrics import Counter, Histogram
 
 from ingress.edge.request_record import RequestRecord
+from ingress.errors import CLIENT_CLOSED_REQUEST
 
 TAGS = ("model", "replica", "route")
 SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]
 TOKENS_PER_SECOND = [10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000]
 
-# 499: the client went away; not a refusal. Other 4xx, 429 and 503 are refusals; other 5xx are failures.
-CLIENT_CLOSED_REQUEST = 499
+# 499 (CLIENT_CLOSED_REQUEST): the client went away; not a refusal. Other 4xx, 429 and 503 are refusals; other 5xx
+# are failures.
 _REJECTION_REASONS = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
                       413: "too_large", 422: "invalid_body", 429: "overloaded", 503: "unavailable"}
 

@@ -4,11 +4,13 @@ Every HTTP request gets an id: the client's `X-Request-ID` when it sent a usable
 Serve's HTTP proxy, the proxy's, which is the same rule). The id is returned in the `X-Request-ID` header
 of every answer, becomes the engine request id when the body names none (validation.to_request), and starts
 one access-log line per request: id, method, route, status, tokens in/out, latency. Never the body, never a
-header value other than the id. Answers of 5xx, and exceptions, are logged at WARNING/ERROR with the id.
+header value other than the id. Answers of 5xx, and exceptions, are logged at WARNING/ERROR with the id; a
+request whose client left before its answer started (its task cancelled) is logged and counted as 499.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import sys
@@ -20,6 +22,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ingress.edge.request_record import RequestRecord, bind, unbind
+from ingress.errors import CLIENT_CLOSED_REQUEST
 
 # Serve's replica logger: its lines land in the replica's log file next to Serve's own, with Serve's request id.
 access_log = logging.getLogger("ray.serve")
@@ -78,6 +81,11 @@ class RequestIdMiddleware:
         token = bind(record)
         try:
             await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            # Serve cancels a request's task when its client disconnects (a /health probe that timed out): the
+            # client's doing, not a server error, so no traceback and never a 500 that alerting would count.
+            record.status = record.status or CLIENT_CLOSED_REQUEST
+            raise
         except BaseException:
             record.status = record.status or 500
             access_log.exception("rayscore request failed: id=%s route=%s", record.request_id, _route(scope))

@@ -42,7 +42,7 @@ class GenerateBody(BaseModel):
     )
     input_logprob_temperature: float | None = Field(
         None, description="Scoring rows (and their top-k and token-id values) are log_softmax(logits / T) at this "
-        "temperature: positive, finite; default 1. Input-token scoring only (logprob_start_len >= 0); sampling "
+        "temperature: at least 1e-5, finite; default 1. Input-token scoring only (logprob_start_len >= 0); sampling "
         "keeps `temperature`. Echoed as meta_info.input_logprob_temperature."
     )
     token_ids_logprob: list[int] | None = Field(
@@ -54,7 +54,7 @@ class GenerateBody(BaseModel):
         "ids) with their shapes, under SGLang's `<field>_val_flat_b64` / `_idx_flat_b64` / `_shape` names "
         "(docs/vllm.md, compact format)."
     )
-    temperature: float = Field(1.0, description="0 is greedy.")
+    temperature: float = Field(1.0, description="Below 1e-5 (0 included) is greedy.")
     top_p: float = Field(1.0, description="Nucleus mass, in (0, 1].")
     top_k: int = Field(-1, description="-1 disables top-k.")
     min_p: float = Field(0.0, description="Minimum probability relative to the top token, in [0, 1].")

@@ -132,7 +132,8 @@ class CompletionRoutes:
         info = await self._backend.model_info()
         settings = validate_completion(body, info)
         items = prompt_items(body.prompt)
-        ids_list = await all_or_none(self._ids(item) for item in items)
+        batch.check_fan_out(len(items))  # counted from the body: before any text is tokenized
+        ids_list = await self._ids(items, info)
         for i, ids in enumerate(ids_list):
             check_prompt(i if len(items) > 1 else None, ids, settings.params.max_tokens, info)
 
@@ -164,11 +165,13 @@ class CompletionRoutes:
         out = [c.delta(w, texts) for c, w in zip(choices, wholes, strict=True)]
         return JSONAnswer(completion_json(*head, out, usage_json(choices)))
 
-    async def _ids(self, item: str | list[int]) -> list[int]:
-        if not isinstance(item, str):
-            return list(item)
-        check_text(item, await self._backend.model_info())
-        return await self._backend.tokenize(item)
+    async def _ids(self, items: list[str | list[int]], info: ModelInfo) -> list[list[int]]:
+        """Each prompt's ids; the text ones tokenized in one worker call (one slot of its queue per request)."""
+        texts = [item for item in items if isinstance(item, str)]
+        for text in texts:
+            check_text(text, info)
+        encoded = iter(await self._backend.tokenize_many(texts) if texts else [])
+        return [next(encoded) if isinstance(item, str) else list(item) for item in items]
 
     async def _prompt_texts(self, choices: list[ChoiceBuilder], items: list[str | list[int]],
                             settings: CompletionSettings) -> None:

@@ -25,7 +25,7 @@ from starlette.responses import Response
 from ingress.backend import Backend
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
-from ingress.lifecycle import Batch, Lifecycle, all_or_none
+from ingress.lifecycle import Batch, Lifecycle
 from ingress.openai.schemas.score import ScoreBody
 from ingress.openai.validation import check_model, check_text
 from rulebook.rules import TOKEN_OUT_OF_RANGE
@@ -100,10 +100,11 @@ class ScoreRoutes:
     async def _score(self, body: ScoreBody, batch: Batch) -> Response:
         info = await self._backend.model_info()
         query, items = validate_score(body, info)
-        prompts = await all_or_none(self._ids(query, item, body.item_first) for item in items)
+        labels = body.label_token_ids or []
+        batch.check_fan_out(len(items) * len(labels))  # counted from the body: before any text is tokenized
+        prompts = await self._prompts(query, items, body.item_first, info)
         for i, ids in enumerate(prompts):
             check_prompt_len(i, ids, info)
-        labels = body.label_token_ids or []
         sid = f"score-{current_request_id() or uuid.uuid4().hex}"
         wholes = await batch.answers([label_request(f"{sid}-{i}-{j}", ids, t)  # one unary worker call
                                       for i, ids in enumerate(prompts) for j, t in enumerate(labels)], info)
@@ -120,10 +121,14 @@ class ScoreRoutes:
                                            "float64"))
         return JSONAnswer(out)
 
-    async def _ids(self, query: str | list[int], item: str | list[int], item_first: bool) -> list[int]:
-        """The pair's ids: texts are joined, then tokenized as a text prompt is (SGLang's order of steps)."""
-        first, second = (item, query) if item_first else (query, item)
-        if isinstance(first, str) and isinstance(second, str):
-            check_text(first + second, await self._backend.model_info(), "items")
-            return await self._backend.tokenize(first + second)
-        return [*first, *second]  # type: ignore[misc]  # both ids (validate_score)
+    async def _prompts(self, query: str | list[int], items: list[str] | list[list[int]], item_first: bool,
+                       info: ModelInfo) -> list[list[int]]:
+        """Each pair's ids: texts are joined, then tokenized as a text prompt is (SGLang's order of steps), all in
+        one worker call, so a request with many items takes one slot of a worker's queue, not one per item."""
+        pairs = [(item, query) if item_first else (query, item) for item in items]
+        if not isinstance(query, str):
+            return [[*first, *second] for first, second in pairs]  # type: ignore[misc]  # both ids (validate_score)
+        texts = [first + second for first, second in pairs]  # type: ignore[operator]  # both text
+        for text in texts:
+            check_text(text, info, "items")
+        return await self._backend.tokenize_many(texts) if texts else []

@@ -35,14 +35,10 @@ def generated_on(path: Path, ids: list[int], answer: dict) -> bool:
 
 @pytest.fixture(scope="module")
 def app(serve_url: str, tiny_models: dict[str, Path]):
-    before = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
     deploy(APP, PREFIX, app_args(model=str(tiny_models["llama"]), kv_cache_mb=8, score_rows_per_block=16,
                                  max_num_batched_tokens=64, weight_updates=True))
     yield f"{serve_url}{PREFIX}"
-    serve.delete(APP)
-    for a in ray.util.list_named_actors(all_namespaces=True):  # this app's weight registry (detached)
-        if a["name"].startswith("rayscore-weights-") and a["name"] not in before:
-            ray.kill(ray.get_actor(a["name"], namespace=a["namespace"]))
+    serve.delete(APP)  # the weight registry (a deployment-scoped actor) goes with it: test_app_lifetime.py
 
 
 def test_update_weights_on_every_replica(app: str, tiny_models: dict[str, Path], tmp_path: Path) -> None:

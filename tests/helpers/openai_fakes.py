@@ -65,10 +65,15 @@ class Backend(FakeBackend):
         super().__init__(script)
         self.info = INFO
         self.token_text_calls = 0
+        self.tokenize_calls = 0  # tokenize_many calls: one per request, whatever its number of texts
         self.chat_messages: list[list[dict[str, str]]] = []
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return ([99] if add_special_tokens else []) + [ord(c) - 32 for c in text]
+
+    async def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        self.tokenize_calls += 1
+        return [await self.tokenize(t) for t in texts]
 
     async def detokenize(self, ids: list[int]) -> str:
         return "".join(text_of(i) for i in ids)

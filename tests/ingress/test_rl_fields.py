@@ -30,14 +30,15 @@ def message(**fields) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("temp", [0.0, -0.5, -3.0])
-def test_temperature_must_be_positive(temp: float) -> None:
+@pytest.mark.parametrize("temp", [0.0, -0.5, -3.0, 1e-6, 1e-40, 1e-300])
+def test_temperature_must_be_at_least_the_threshold(temp: float) -> None:
     assert message(**SCORE, input_logprob_temperature=temp) == (
-        f"The input_logprob_temperature {temp} must be positive and finite.")
+        f"The input_logprob_temperature {temp} must be finite and at least 1e-05 (below, logits / T overflows "
+        "float32).")
 
 
 def test_temperature_edges_and_types() -> None:
-    assert message(**SCORE, input_logprob_temperature=1e-6) is None
+    assert message(**SCORE, input_logprob_temperature=1e-5) is None
     assert message(**SCORE, input_logprob_temperature=7) is None  # an int is a float here
     for bad in (math.inf, math.nan, "0.7"):
         with pytest.raises(ValueError):  # the schema's 422: JSON has no inf/nan, a string is no number

@@ -157,7 +157,7 @@ def test_rule11_text_prompt_only_when_length_known():
 @pytest.mark.parametrize(
     ("fields", "text"),
     [
-        ({"temperature": -0.5}, "The temperature -0.5 must be non-negative."),
+        ({"temperature": -0.5}, "The temperature -0.5 must be non-negative and finite."),
         ({"top_p": 0}, "The top_p 0.0 must be in (0, 1]."),
         ({"top_p": 1.5}, "The top_p 1.5 must be in (0, 1]."),
         ({"top_k": -2}, "The top_k -2 must be -1 (disabled) or at most the vocabulary size 100."),
@@ -248,7 +248,7 @@ def test_order_rule9_before_10_11_12():
         message(**body) == "The prompt length 300 plus max_tokens 0 exceeds the model's context length 256."
     )
     body["input_ids"] = [1] * 4
-    assert message(**body) == "The temperature -1.0 must be non-negative."
+    assert message(**body) == "The temperature -1.0 must be non-negative and finite."
 
 
 def test_order_rule8_before_rule9():

@@ -70,7 +70,7 @@ def test_admin_keys_from_the_environment() -> None:
 async def test_off_is_a_400_naming_the_field() -> None:
     from ingress.backend import HandleBackend
 
-    backend = HandleBackend(FakeHandle(), weights_registry=None)  # type: ignore[arg-type]
+    backend = HandleBackend(FakeHandle(), weight_updates=False)  # type: ignore[arg-type]
     result = await backend.update_weights(WeightUpdate("/x"))
     assert not result.success and "weight_updates" in result.message
     assert not (await backend.flush_cache()).success and await backend.weight_version() == "default"

@@ -80,5 +80,5 @@ def test_temperature_option_scores_logits_over_t(engine, tiny_models: dict[str, 
     assert t1.token_logprobs == pytest.approx(hf_scores(tiny_models["llama"], ids, 0), abs=1e-4)
     args = _parser().parse_args(["in.jsonl", "out", "--input-logprob-temperature", "0.7"])
     assert make_job(args).temperature == 0.7
-    with pytest.raises(ValueError, match="input_logprob_temperature 0.0 must be positive and finite"):
+    with pytest.raises(ValueError, match="input_logprob_temperature 0.0 must be finite and at least"):
         make_job(_parser().parse_args(["in.jsonl", "out", "--input-logprob-temperature", "0"]))

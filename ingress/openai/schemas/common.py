@@ -32,7 +32,7 @@ class SamplingFields(BaseModel):
     model_config = BODY
 
     model: str | None = Field(None, description="Must be the served model's name (GET /v1/models) when given.")
-    temperature: float | None = Field(1.0, description="0 is greedy.")
+    temperature: float | None = Field(1.0, description="Below 1e-5 (0 included) is greedy.")
     top_p: float | None = Field(1.0, description="Nucleus mass, in (0, 1].")
     n: int | None = Field(1, description="Only 1: one choice per prompt.")
     stop: str | list[str] | None = Field(None, description="Stop string(s); not part of the returned text.")

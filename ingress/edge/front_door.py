@@ -1,0 +1,85 @@
+"""The front door's guard: checks on a request's headers made in front of Ray Serve's own request handling.
+
+Serve reads some headers itself before any rayscore code runs (X-Request-ID, `serve_multiplexed_model_id`, the
+session and tracing headers, `x-request-timeout-seconds`) and decodes them as UTF-8: a byte that is not is its
+plain-text 500, on the Python proxy and on a replica's direct ingress behind HAProxy alike. Serve's Python proxy
+also accepts about a megabyte of headers, and answers its own `/-/routes` to anyone. This middleware sits outside
+all of that: Serve wraps its proxy's app and each ingress replica's HTTP server in the middlewares that the function
+named by RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH returns (deploy/launch.py sets it to `middlewares` below).
+
+Per request, before Serve sees it: a header value that is not UTF-8 is a 400 naming the header; headers over
+`max_header_bytes` in all are a 431; `/-/` routes other than the health probe need an API key when keys are set
+($RAYSCORE_API_KEYS: the proxy runs in no app, so it sees the environment's keys, not an app's config).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ingress.app import error_shape
+from ingress.edge.auth import check_authorization, resolve_keys
+from ingress.errors import IngressError, InvalidRequest, JSONAnswer
+
+# What the launcher passes (the proxy runs in no app, so its settings come from the environment).
+MAX_HEADER_BYTES_ENV = "RAYSCORE_MAX_HEADER_BYTES"
+# HAProxy's own bound with Serve's buffer size (tune.bufsize 16 KiB), so both front doors agree.
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+NOT_UTF8 = "The header {name} is not valid UTF-8; this server takes header values as UTF-8 text."
+TOO_LARGE = ("The request's headers are {size} bytes; this server accepts at most {limit} (config field "
+             "`max_header_bytes`).")
+# Serve's own routes; the health probe stays open (load balancers and HAProxy's checks send no key).
+SERVE_PREFIX = "/-/"
+OPEN_SERVE_PATHS = frozenset({"/-/healthz"})
+
+
+def header_violation(headers: list[tuple[bytes, bytes]], limit: int) -> IngressError | None:
+    """The first thing wrong with a request's headers: their size (431), then a value that is not UTF-8 (400)."""
+    size = sum(len(k) + len(v) + 4 for k, v in headers)  # "name: value\r\n"
+    if size > limit:
+        return InvalidRequest(TOO_LARGE.format(size=size, limit=limit), status=431)
+    for key, value in headers:
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            name = key.decode("latin-1")
+            return InvalidRequest(NOT_UTF8.format(name=name), param=name)
+    return None
+
+
+class FrontDoorGuard:
+    def __init__(self, app: ASGIApp, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+                 api_keys: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.max_header_bytes = max_header_bytes
+        self.api_keys = api_keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = list(scope.get("headers", ()))
+        error = header_violation(headers, self.max_header_bytes)
+        path = scope.get("path", "")
+        if error is None and path.startswith(SERVE_PREFIX) and path not in OPEN_SERVE_PATHS:
+            auth = next((v.decode("latin-1") for k, v in headers if k.lower() == b"authorization"), None)
+            try:
+                check_authorization(auth, self.api_keys)
+            except IngressError as exc:
+                error = exc
+        if error is None:
+            await self.app(scope, receive, send)
+            return
+        answer = JSONAnswer(error_shape(path)(error), status_code=error.status, headers=error.headers())
+        await answer(scope, receive, send)
+
+
+def middlewares(environ: Mapping[str, str] | None = None) -> list[Middleware]:
+    """Serve's HTTP proxy callback (RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=ingress.edge.front_door:middlewares),
+    run in each proxy and each direct-ingress replica."""
+    env = os.environ if environ is None else environ
+    limit = int(env.get(MAX_HEADER_BYTES_ENV, DEFAULT_MAX_HEADER_BYTES))
+    return [Middleware(FrontDoorGuard, max_header_bytes=limit, api_keys=resolve_keys((), env))]

@@ -1,0 +1,143 @@
+"""Run as a script (tests/e2e/test_haproxy_served.py starts it in its own process, since a process holds one Ray):
+a local Ray started as `make serve` starts it (deploy/front_door.py: HAProxy ingress, throughput mode, the header
+guard; a 5 s header timeout, API keys), the test app deployed with a key, and the e2e behaviours that must hold
+through the front door, printed as one JSON line of facts for the test to judge."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+HEADER_TIMEOUT_S = 5
+KEY = "k-front"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _environment() -> str:
+    """The front door's environment, with HAProxy's files and ports private to this run (others may run one)."""
+    import yaml
+
+    from deploy.front_door import front_door, private_haproxy_files
+
+    config = yaml.safe_load(open("configs/test.yaml"))
+    config["applications"][0]["args"]["header_timeout_s"] = HEADER_TIMEOUT_S
+    door = front_door(config, os.environ)
+    os.environ.update(door.env)
+    run = tempfile.mkdtemp(prefix="rsh", dir="/tmp")  # short: HAProxy takes socket paths of 97 bytes at most
+    os.environ.update(private_haproxy_files(run, _free_port(), _free_port()))
+    return door.description
+
+
+def _raw(port: int, data: bytes, wait_s: float = 30.0) -> tuple[str, float]:
+    """The status line the server answers raw bytes with, and how long it took ('' when it closed silently)."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as s:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):  # answered and closed before all was sent (1 MiB of headers)
+            pass
+        out = b""
+        try:
+            while b"\r\n" not in out:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                out += chunk
+        except TimeoutError:
+            return "timeout", time.monotonic() - started
+        except ConnectionResetError:
+            return "reset", time.monotonic() - started
+    return out.split(b"\r\n")[0].decode("latin-1"), time.monotonic() - started
+
+
+def probe(port: int, app: str) -> dict[str, Any]:
+    import httpx
+    from ray import serve
+
+    from tests.helpers.reference import hf_scores
+    from tests.helpers.serve import ids_of, score_body
+
+    url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {KEY}"}
+    facts: dict[str, Any] = {}
+    with httpx.Client(base_url=url, timeout=120, headers=auth) as c:
+        ids = ids_of(40, seed=3)
+        r = c.post("/generate", json=score_body(ids, 4), headers={"X-Request-ID": "front-1"})
+        got = [v for v, _ in r.json()["meta_info"]["input_token_logprobs"]]
+        model = os.environ["RAYSCORE_MODEL_PATH"]
+        facts["score"] = (r.status_code, r.headers.get("x-request-id"),
+                          max(abs(a - b) for a, b in zip(got, hf_scores(model, ids, 4), strict=True)))
+        facts["no_key"] = httpx.post(url + "/generate", json=score_body(ids, 4)).status_code
+        facts["weight_version"] = c.get("/model_info").json().get("weight_version")
+        body = {"input_ids": ids[:8], "max_tokens": 12, "temperature": 0}
+        whole = c.post("/generate", json=body).json()["output_ids"]
+        with c.stream("POST", "/generate", json={**body, "stream": True}) as s:
+            events = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
+        streamed = [t for e in events[:-1] for t in json.loads(e)["output_ids"]]
+        facts["stream"] = (events[-1] == "[DONE]", streamed == whole, len(events))
+        # A request longer than the header timeout: HAProxy's client timer does not cut a waiting answer.
+        long = c.post("/generate", json={"input_ids": ids[:8], "max_tokens": 200, "ignore_eos": True})
+        facts["long_request"] = (long.status_code, long.elapsed.total_seconds())
+        # The client leaves mid-stream: the worker aborts the request.
+        handle = serve.get_deployment_handle("EngineWorker", app_name=app)
+        with c.stream("POST", "/generate", json={"input_ids": ids[:8], "max_tokens": 4000, "ignore_eos": True,
+                                                 "stream": True}) as s:
+            next(s.iter_lines())
+        deadline = time.monotonic() + 20
+        while (running := handle.stats.remote().result(timeout_s=30).running) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        facts["aborted"] = running == 0
+    head = b"GET /v1/models HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n"
+    facts["headers"] = {name.decode(): _raw(port, head + name + b": \xff\xfe\x80x\r\n\r\n")[0]
+                        for name in (b"X-Request-ID", b"x-request-timeout-seconds", b"serve_multiplexed_model_id")}
+    facts["big_headers"] = _raw(port, head + b"".join(b"X-H%d: %s\r\n" % (i, b"a" * 8192) for i in range(128))
+                                + b"\r\n")[0]
+    facts["idle"] = _raw(port, b"")
+    facts["routes"] = httpx.get(url + "/-/routes").status_code
+    facts["healthz"] = httpx.get(url + "/-/healthz").status_code
+    return facts
+
+
+def main() -> None:
+    description = _environment()
+    import ray
+    from ray import serve
+
+    from deploy.app import build_app
+    from tests.helpers.serve import app_args, wait_ready
+
+    port = _free_port()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": os.environ.get("RAYSCORE_CACHE_DIR", "")}}
+             if os.environ.get("RAYSCORE_CACHE_DIR") else None)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port, "keep_alive_timeout_s": 5},
+                    logging_config={"enable_access_log": False})
+        # weight_updates as configs/local.yaml has it: the registry actor under throughput mode (user code on the
+        # replica's event loop).
+        serve.run(build_app(app_args(num_workers=1, api_keys=[KEY], header_timeout_s=HEADER_TIMEOUT_S,
+                                     weight_updates=True)),
+                  name="front", route_prefix="/", blocking=False)
+        wait_ready("front")
+        time.sleep(2)  # HAProxy learns the replica's address
+        facts = {"front_door": description, **probe(port, "front")}
+    finally:
+        threading.Thread(target=serve.shutdown, daemon=True).start()
+        time.sleep(5)
+        ray.shutdown()
+    print("FACTS " + json.dumps(facts), flush=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.getcwd())
+    main()
