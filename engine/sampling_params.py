@@ -34,6 +34,9 @@ class SamplingParams:
     input_logprob_temperature: float | None = None
     # Token ids whose values are reported at every scored input position (SGLang's token_ids_logprob); None = none.
     token_ids_logprob: list[int] | None = None
+    # A classifier's request (/classify, /pooling): prefill only, answered with the raw scores of the pooled
+    # position (RequestOutput.pooled); takes max_tokens 0 and no logprobs. Only a classifier serves it.
+    classify: bool = False
 
     # Derived once per request, not per generated token: a request with many stops must not cost every token a
     # pass over them (the engine scans stops inside the step that serves the whole batch).

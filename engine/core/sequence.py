@@ -42,6 +42,8 @@ class Sequence:
         # Scoring rows produced so far (kept across preemption: recompute skips them). The rows themselves
         # go to the caller through the engine's per-request OutputState.
         self.num_scored_rows = 0
+        # A classify request's pooled position (transformers' last non-padding token), set by the engine.
+        self.pool_position: int | None = None
 
     # --- counters -------------------------------------------------------------------------------
     @property

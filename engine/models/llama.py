@@ -133,6 +133,11 @@ class DecoderModel(nn.Module):
         self.norm = norm
 
 
+def is_classifier(cfg: Any) -> bool:
+    """A `*ForSequenceClassification` checkpoint: a `score` head instead of the LM head (engine/models/__init__.py)."""
+    return any(str(a).endswith("ForSequenceClassification") for a in getattr(cfg, "architectures", None) or [])
+
+
 class LlamaForCausalLM(nn.Module):
     @staticmethod
     def attention_biases(cfg: Any) -> tuple[bool, bool]:
@@ -183,8 +188,15 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = DecoderModel(cfg, [self.make_layer(cfg, i) for i in range(cfg.num_hidden_layers)],
                                   self.norm_cls(cfg.hidden_size, cfg.rms_norm_eps))
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        # A classifier (transformers' GenericForSequenceClassification) has no LM head: `score`, a bias-free
+        # [num_labels x hidden] linear on the final-normed hidden state of the pooled position.
+        self.classifier = is_classifier(cfg)
+        self.num_labels = int(cfg.num_labels) if self.classifier else 0
+        if self.classifier:
+            self.score = Linear(cfg.hidden_size, self.num_labels, bias=False)
+        else:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False)) and not self.classifier
         self.ropes = self.make_ropes(cfg)
         # Gemma: embeddings times sqrt(hidden), in the weights' dtype as transformers rounds it; None: unscaled.
         self.embed_scale: float | None = None
@@ -219,6 +231,11 @@ class LlamaForCausalLM(nn.Module):
         """hidden: [R, hidden] rows as forward() returns them -> [R, vocab] raw logits in the model dtype.
         Callers pass only the rows they need (bounded blocks), never the whole batch."""
         return self._cap(self.lm_head(self.model.norm(hidden)))
+
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [R, hidden] pooled rows as forward() returns them -> [R, num_labels] float32 raw scores, as
+        transformers' score(norm(h)) (no soft-cap: transformers applies none to a classifier's head)."""
+        return self.score(self.model.norm(hidden)).float()
 
     def _cap(self, logits: torch.Tensor) -> torch.Tensor:
         """transformers' final soft-cap: divide, tanh, multiply (same ops, same order, so the same bits)."""

@@ -36,6 +36,8 @@ class ChunkResult:
     sampled: int | None = None
     sampled_logprob: TokenLogprob | None = None
     sampled_top: list[TokenLogprob] | None = None
+    # A classify request's raw scores at its pooled position, when the chunk completes its prompt.
+    pooled: list[float] | None = None
 
 
 @dataclass
@@ -86,6 +88,9 @@ class StepPlan:
     scores: ScorePlan
     # (row in the flat batch, chunk index) of each row that samples.
     sample_rows: list[tuple[int, int]]
+    # (row in the flat batch or None, KV slot, chunk index) of each classify request's pooled position in this
+    # step; None: the position was computed before this step, its hidden state is read from the store by slot.
+    pool_rows: list[tuple[int | None, int, int]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -132,6 +137,7 @@ class ModelRunner:
         results = [ChunkResult([], []) for _ in sched.chunks]
         self.score(hidden, plan.scores, results)
         self.sample(hidden, plan.sample_rows, sched, results, generators)
+        self.pool(hidden, plan.pool_rows, results)
         return results
 
     # --- prepare ----------------------------------------------------------------------------------
@@ -162,7 +168,21 @@ class ModelRunner:
         samples = [(lay.offset + c.num_tokens - 1, ci)
                    for ci, (c, lay) in enumerate(zip(sched.chunks, layouts, strict=True)) if lay.samples]
         return StepPlan(torch.tensor(ids, device=self.device) if offset else None,
-                        torch.cat(positions) if offset else None, meta, scores, samples)
+                        torch.cat(positions) if offset else None, meta, scores, samples,
+                        self._plan_pools(sched.chunks, layouts))
+
+    @staticmethod
+    def _plan_pools(chunks: list[ScheduledChunk], layouts: list[ChunkLayout]) -> list[tuple[int | None, int, int]]:
+        """The pooled row of each classify request whose prompt this step completes (possibly with no new token:
+        a prompt served whole from the prefix cache)."""
+        rows: list[tuple[int | None, int, int]] = []
+        for ci, (chunk, lay) in enumerate(zip(chunks, layouts, strict=True)):
+            seq, pos = chunk.seq, chunk.seq.pool_position
+            if pos is None or chunk.start + chunk.num_tokens != seq.num_prompt_tokens:
+                continue
+            fresh = lay.offset + pos - chunk.start if pos >= chunk.start else None
+            rows.append((fresh, int(lay.slots[pos]), ci))
+        return rows
 
     def _layout(self, chunk: ScheduledChunk, offset: int) -> ChunkLayout:
         seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
@@ -238,6 +258,22 @@ class ModelRunner:
             result.score_top = got.tops[at:at + count]
             result.score_token_ids = got.token_ids[at:at + count]
             at += count
+
+    def pool(self, hidden: torch.Tensor, rows: list[tuple[int | None, int, int]], results: list[ChunkResult]) -> None:
+        """Each classify request's raw scores, from its pooled row: of this step's forward, or (computed in an
+        earlier step or by another request whose blocks it shares) of the hidden-state store."""
+        if not rows:
+            return
+        picked = []
+        for fresh, slot, _ in rows:
+            if fresh is None:
+                assert self.hidden_store is not None, "pooled position cached without a hidden-state store"
+                picked.append(self.hidden_store[slot])
+            else:
+                picked.append(hidden[fresh])
+        scores = self.model.classify(torch.stack(picked)).tolist()  # [P, num_labels]
+        for (_, _, ci), row in zip(rows, scores, strict=True):
+            results[ci].pooled = row
 
     def sample(self, hidden: torch.Tensor, rows: list[tuple[int, int]], sched: SchedulerOutput,
                results: list[ChunkResult], generators: dict[str, torch.Generator]) -> None:
