@@ -39,6 +39,11 @@ from workers.weight_sync import WeightSync, registry_actor
 log = logging.getLogger("ray.serve")
 
 
+def _labels(hf_config: Any) -> dict[int, str]:
+    """A classifier's id2label, label index -> name (transformers keeps int keys; a JSON config may give strings)."""
+    return {int(k): str(v) for k, v in (getattr(hf_config, "id2label", None) or {}).items()}
+
+
 class EngineWorker:
     """Serve deployment body (bound with options in deploy/app.py). Methods called through a handle:
     `generate` (stream=True), `generate_whole` (unary: whole answers of several requests), `model_info`, `stats`,
@@ -59,7 +64,10 @@ class EngineWorker:
                               max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode,
                               prompt_chars_per_token=cfg.max_prompt_chars_per_token,
                               kv_capacity_tokens=eng.kv.pool.num_blocks * cfg.block_size,
-                              max_queued_requests=cfg.max_queued_requests, max_queued_tokens=cfg.max_queued_tokens)
+                              max_queued_requests=cfg.max_queued_requests, max_queued_tokens=cfg.max_queued_tokens,
+                              num_labels=eng.model.num_labels,
+                              id2label=_labels(eng.hf_config) if eng.model.classifier else {},
+                              problem_type=getattr(eng.hf_config, "problem_type", None))
         self.tokenizer = eng.tokenizer
         self._whole_calls = self._whole_requests = 0  # generate_whole's calls and the requests they held (stats)
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ingress.backend import Backend
+from ingress.classify.validation import check_causal
 from ingress.edge.openapi import error_responses
 from ingress.errors import JSONAnswer
 from ingress.generate.render import chunk_json, error_json, sse_event
@@ -37,6 +38,7 @@ class GenerateRoutes:
         as one unit so the prefix cache shares what they have in common. Streamed, each is its own worker stream;
         not streamed, all go in one unary worker call (Batch.answers), the cheapest way through Serve."""
         info = await self._backend.model_info()
+        check_causal(info, "/generate")
         items = split_batch(body)
         if items is None:
             validate(body, info)

@@ -18,6 +18,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from ingress.backend import Backend
+from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle
@@ -113,6 +114,7 @@ class ChatRoutes:
     async def _chat(self, body: ChatBody, batch: Batch) -> Response:
         info = await self._backend.model_info()
         settings = validate_chat(body, info)
+        check_causal(info, "/v1/chat/completions")
         prompt = await self._backend.apply_chat_template(settings.messages)
         if prompt.error is not None:
             raise InvalidRequest(prompt.error, param="messages")

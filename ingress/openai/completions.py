@@ -17,6 +17,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from ingress.backend import Backend
+from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
@@ -50,6 +51,7 @@ class CompletionRoutes:
     async def _complete(self, body: CompletionBody, batch: Batch) -> Response:
         info = await self._backend.model_info()
         settings = validate_completion(body, info)
+        check_causal(info, "/v1/completions")
         items = prompt_items(body.prompt)
         ids_list = await all_or_none(self._ids(item) for item in items)
         for i, ids in enumerate(ids_list):

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from ingress.backend import Backend
+from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
@@ -123,6 +124,7 @@ class ScoreRoutes:
     async def _score(self, body: ScoreBody, batch: Batch) -> Response:
         info = await self._backend.model_info()
         query, items = validate_score(body, info)
+        check_causal(info, "/v1/score")
         prompts = await all_or_none(self._ids(query, item, body.item_first) for item in items)
         for i, ids in enumerate(prompts):
             check_prompt_len(i, ids, info)
