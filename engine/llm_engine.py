@@ -16,12 +16,14 @@ from engine.core.sequence import Sequence
 from engine.detokenizer import Detokenizer
 from engine.loading.default_model import resolve_model_path
 from engine.loading.loader import eos_token_ids, load_config, load_model, load_tokenizer, resolve_device
+from engine.loading.lora import LoraError
 from engine.loading.sharded import load_sharded
 from engine.models.llama import is_classifier
 from engine.output_state import OutputState
 from engine.outputs import DEFAULT_WEIGHT_VERSION, FinishReason, RequestOutput, merge_outputs
 from engine.parallel.driver import TensorParallel
 from engine.parallel.group import TPGroup
+from engine.runner.lora import LoraManager
 from engine.runner.model_runner import ChunkResult, ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineCounters, EngineStats, token_load
@@ -70,7 +72,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
                                    hidden_state_store=config.hidden_state_store,
                                    long_prefill_token_threshold=config.long_prefill_token_threshold)
-        self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel)
+        # Adapters on one device only (EngineConfig refuses lora_adapters with tensor_parallel_size > 1).
+        self.lora = LoraManager(self.model, config, self.device) if self.parallel is None else None
+        self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel, self.lora)
         if self.parallel is not None:
             self.parallel.start(num_blocks)
         self.detokenizer = Detokenizer(self.tokenizer)
@@ -90,6 +94,8 @@ class LLMEngine:
         seq = Sequence(request_id, prompt_token_ids, params)
         if params.classify:
             seq.pool_position = pooling.pooled_position(prompt_token_ids, self.hf_config.get_text_config().pad_token_id)
+        if params.adapter is not None:
+            seq.lora_slot, seq.cache_salt = self._acquire_adapter(params.adapter)
         self.seqs[request_id] = seq
         self.output_states[request_id] = OutputState(params)
         gen = torch.Generator(device=self.device)
@@ -117,6 +123,14 @@ class LLMEngine:
         if broken:
             raise RequestError(broken.message)
         self._check_limits(len(ids), p)
+
+    def _acquire_adapter(self, name: str) -> tuple[int, int]:
+        if self.lora is None or self.config.batch_invariant:
+            raise RequestError("LoRA adapters are not served with tensor_parallel_size > 1 or batch_invariant.")
+        try:
+            return self.lora.acquire(name)
+        except LoraError as exc:
+            raise RequestError(str(exc)) from exc
 
     def _check_task(self, p: SamplingParams) -> None:
         """A classifier answers classify requests only, and only a classifier answers them."""
@@ -209,6 +223,9 @@ class LLMEngine:
         return None
 
     def _finish(self, seq: Sequence) -> None:
+        if seq.lora_slot is not None and self.lora is not None and seq.params.adapter is not None:
+            self.lora.release(seq.params.adapter)
+            seq.lora_slot = None
         self.scheduler.finish(seq)
         self.seqs.pop(seq.request_id, None)
         self.generators.pop(seq.request_id, None)

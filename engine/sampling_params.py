@@ -37,6 +37,8 @@ class SamplingParams:
     # A classifier's request (/classify, /pooling): prefill only, answered with the raw scores of the pooled
     # position (RequestOutput.pooled); takes max_tokens 0 and no logprobs. Only a classifier serves it.
     classify: bool = False
+    # The LoRA adapter the request runs with, by its name (engine/runner/lora.py); None: the base model.
+    adapter: str | None = None
 
     # Derived once per request, not per generated token: a request with many stops must not cost every token a
     # pass over them (the engine scans stops inside the step that serves the whole batch).

@@ -21,6 +21,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.outputs import TokenLogprob
 from engine.parallel.driver import TensorParallel
 from engine.runner.logprobs import row_scores, top_k_rows
+from engine.runner.lora import LoraManager
 from engine.runner.sampler import sample
 from engine.runner.scorer import RowRequest, RowScorer
 
@@ -91,15 +92,18 @@ class StepPlan:
     # (row in the flat batch or None, KV slot, chunk index) of each classify request's pooled position in this
     # step; None: the position was computed before this step, its hidden state is read from the store by slot.
     pool_rows: list[tuple[int | None, int, int]] = field(default_factory=list)
+    # Rows of the flat batch by LoRA adapter slot (requests on the base model have none).
+    lora_rows: dict[int, list[int]] = field(default_factory=dict)
 
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig, device: torch.device, num_blocks: int,
-                 parallel: TensorParallel | None = None) -> None:
+                 parallel: TensorParallel | None = None, lora: LoraManager | None = None) -> None:
         """parallel: rank 0's handle on the other ranks when the model is split (model is then this rank's
         shard); it announces each forward and runs the vocab-parallel LM head."""
         self.model = model
         self.parallel = parallel
+        self.lora = lora
         self.forwards = 0  # transformer forwards run (steps not served wholly from the cache)
         self.config = config
         self.device = device
@@ -148,11 +152,14 @@ class ModelRunner:
         new_slots: list[torch.Tensor] = []
         meta = AttentionMetadata(slot_mapping=torch.empty(0), starts=[], lens=[], context_slots=[])
         layouts: list[ChunkLayout] = []
+        lora_rows: dict[int, list[int]] = {}
         offset = 0
         for chunk in sched.chunks:
             layout = self._layout(chunk, offset)
             seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
             if n > 0:
+                if seq.lora_slot is not None:
+                    lora_rows.setdefault(seq.lora_slot, []).extend(range(offset, offset + n))
                 ids.extend(seq.token_ids[start:start + n])
                 positions.append(torch.arange(start, start + n, device=self.device))
                 new_slots.append(layout.slots[start:start + n])
@@ -169,7 +176,7 @@ class ModelRunner:
                    for ci, (c, lay) in enumerate(zip(sched.chunks, layouts, strict=True)) if lay.samples]
         return StepPlan(torch.tensor(ids, device=self.device) if offset else None,
                         torch.cat(positions) if offset else None, meta, scores, samples,
-                        self._plan_pools(sched.chunks, layouts))
+                        self._plan_pools(sched.chunks, layouts), lora_rows)
 
     @staticmethod
     def _plan_pools(chunks: list[ScheduledChunk], layouts: list[ChunkLayout]) -> list[tuple[int | None, int, int]]:
@@ -234,6 +241,8 @@ class ModelRunner:
             if self.parallel is not None:
                 self.parallel.announce_forward(plan.input_ids, plan.positions, plan.meta)
             self.forwards += 1
+            if self.lora is not None:
+                self.lora.set_step(plan.lora_rows)
             hidden = self.model(plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.backend)  # [T, H]
             if self.hidden_store is not None:
                 self.hidden_store.index_copy_(0, plan.meta.slot_mapping, hidden)

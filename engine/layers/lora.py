@@ -1,0 +1,62 @@
+"""LoRA on the engine's (fused) linears, several adapters in one step: each resident adapter has a slot, each row
+of the step's flat batch the slot of its request's adapter, and a Linear adds `x A^T B^T` (scaling folded into B)
+to the rows of each slot present, one gather, two small matmuls and one scatter-add per adapter in the step
+(vLLM's punica "segments", in plain torch). Base rows are never touched.
+
+A fused Linear (q/k/v, gate/up) holds each of its parts' adapters side by side: A stacks the parts' ranks,
+[S, parts x R, in], and B is block-diagonal, [S, out, parts x R], so a part's output columns see only its own A.
+Ranks below R are zero-padded, and a part an adapter does not target stays zero: adding exact zeros leaves those
+columns as the base computed them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class LoraStep:
+    """The step's rows by adapter slot, set by the model runner before each forward (empty: no adapter rows)."""
+
+    # (slot, [n] rows of the flat batch whose requests use that slot's adapter)
+    segments: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+
+
+class LoraSlots:
+    """One Linear's adapters, by slot. parts: the output widths of the linears fused into it, in order."""
+
+    def __init__(self, step: LoraStep, in_features: int, parts: list[int], num_slots: int, max_rank: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.step = step
+        self.parts = parts
+        self.offsets = [sum(parts[:i]) for i in range(len(parts))]
+        self.max_rank = max_rank
+        width = len(parts) * max_rank
+        self.a = torch.zeros(num_slots, width, in_features, dtype=dtype, device=device)  # [S, P x R, in]
+        self.b = torch.zeros(num_slots, sum(parts), width, dtype=dtype, device=device)  # [S, out, P x R]
+        self.used = [False] * num_slots
+
+    def set(self, slot: int, part: int, a: torch.Tensor, b: torch.Tensor, scaling: float) -> None:
+        """Part `part`'s adapter in `slot`: a [r, in], b [parts[part], r] as PEFT stores them."""
+        r = a.shape[0]
+        lo = part * self.max_rank
+        self.a[slot, lo:lo + r] = a
+        out = self.offsets[part]
+        self.b[slot, out:out + self.parts[part], lo:lo + r] = b * scaling
+        self.used[slot] = True
+
+    def clear(self, slot: int) -> None:
+        self.a[slot].zero_()
+        self.b[slot].zero_()
+        self.used[slot] = False
+
+    def add(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """y: [T, out] the base output of x: [T, in]; adds each row's adapter delta in place and returns y."""
+        for slot, rows in self.step.segments:
+            if not self.used[slot]:
+                continue
+            xs = x.index_select(0, rows)  # [n, in]
+            delta = (xs @ self.a[slot].t()) @ self.b[slot].t()  # [n, P x R] -> [n, out]
+            y.index_add_(0, rows, delta)
+        return y
