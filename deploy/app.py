@@ -40,6 +40,8 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     # The weight registry (workers/weights.py) is named per deploy: a new deploy starts on the config's weights,
     # and an update reaches this deploy's workers only.
     registry = f"rayscore-weights-{uuid.uuid4().hex[:16]}" if cfg.weight_updates else None
+    # The LoRA adapters' registry (workers/adapter_registry.py), named per deploy likewise.
+    adapters = f"rayscore-adapters-{uuid.uuid4().hex[:16]}"
     worker = EngineWorkerDeployment.options(
         ray_actor_options={"num_cpus": cfg.worker_num_cpus, "num_gpus": cfg.worker_num_gpus},
         max_ongoing_requests=cfg.worker_max_ongoing_requests, max_queued_requests=cfg.worker_max_queued_requests,
@@ -48,10 +50,10 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
         health_check_period_s=5, health_check_timeout_s=30,
         graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
         **_routing(cfg), **_ranks(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
-    ).bind(cfg.engine_config(), cfg.model_name, registry)
+    ).bind(cfg.engine_config(), cfg.model_name, registry, adapters)
     return Ingress.options(
         ray_actor_options={"num_cpus": cfg.ingress_num_cpus}, max_ongoing_requests=cfg.ingress_max_ongoing_requests,
         graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
         **_scaling(cfg.ingress_num_replicas, cfg.ingress_autoscaling),
     ).bind(worker, settings=cfg.ingress_settings(), allow_unauthenticated=cfg.allow_unauthenticated,
-           weights_registry=registry)
+           weights_registry=registry, adapters_registry=adapters)

@@ -95,7 +95,7 @@ class LLMEngine:
         if params.classify:
             seq.pool_position = pooling.pooled_position(prompt_token_ids, self.hf_config.get_text_config().pad_token_id)
         if params.adapter is not None:
-            seq.lora_slot, seq.cache_salt = self._acquire_adapter(params.adapter)
+            seq.lora_slot, seq.cache_salt = self._acquire_adapter(params.adapter, params.adapter_path)
         self.seqs[request_id] = seq
         self.output_states[request_id] = OutputState(params)
         gen = torch.Generator(device=self.device)
@@ -124,10 +124,12 @@ class LLMEngine:
             raise RequestError(broken.message)
         self._check_limits(len(ids), p)
 
-    def _acquire_adapter(self, name: str) -> tuple[int, int]:
+    def _acquire_adapter(self, name: str, path: str | None) -> tuple[int, int]:
         if self.lora is None or self.config.batch_invariant:
             raise RequestError("LoRA adapters are not served with tensor_parallel_size > 1 or batch_invariant.")
         try:
+            if path is not None:
+                self.lora.ensure(name, path)
             return self.lora.acquire(name)
         except LoraError as exc:
             raise RequestError(str(exc)) from exc

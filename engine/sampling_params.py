@@ -39,6 +39,9 @@ class SamplingParams:
     classify: bool = False
     # The LoRA adapter the request runs with, by its name (engine/runner/lora.py); None: the base model.
     adapter: str | None = None
+    # Where that adapter's PEFT folder is: an engine that does not have it (or has another folder under the name)
+    # loads it on demand. None: the engine must have it already.
+    adapter_path: str | None = None
 
     # Derived once per request, not per generated token: a request with many stops must not cost every token a
     # pass over them (the engine scans stops inside the step that serves the whole batch).

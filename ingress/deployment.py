@@ -73,11 +73,12 @@ class IngressStats:
 class Ingress:
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
                  settings: IngressSettings | None = None, allow_unauthenticated: bool = False,
-                 weights_registry: str | None = None) -> None:
+                 weights_registry: str | None = None, adapters_registry: str | None = None) -> None:
         # Keys from $RAYSCORE_API_KEYS are read here, where the ingress runs, and never leave this process.
         # Raising here fails the deployment: a server reachable from other machines without keys never starts.
         self._settings = with_keys(settings or IngressSettings(), os.environ, serve_http_host(), allow_unauthenticated)
         self._backend = HandleBackend(worker, ready_timeout_s=ready_timeout_s, weights_registry=weights_registry,
+                                      adapters_registry=adapters_registry,
                                       coalesce_max_in_flight=self._settings.coalesce_max_in_flight,
                                       coalesce_max_tokens=self._settings.coalesce_max_tokens)
         metric = Counter("rayscore_retries_total",

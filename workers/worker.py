@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from rulebook import rules
+from workers.adapter_registry import adapter_registry_actor
 from workers.convert import to_chunk
 from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats
 from workers.protocol import (
@@ -51,7 +52,7 @@ class EngineWorker:
     `tokenizer_info` (for the OpenAI-compatible routes); Serve calls `check_health`."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None,
-                 weights_registry: str | None = None) -> None:
+                 weights_registry: str | None = None, adapters_registry: str | None = None) -> None:
         cfg = EngineConfig(**engine_config)
         # Ray sets OMP_NUM_THREADS=1 in actors with < 2 CPUs: take the thread count from the config.
         # Carriers are built in the engine thread (generate's `convert`): a large delta never holds this replica's
@@ -69,9 +70,14 @@ class EngineWorker:
                               id2label=_labels(eng.hf_config) if eng.model.classifier else {},
                               problem_type=getattr(eng.hf_config, "problem_type", None))
         self.tokenizer = eng.tokenizer
+        # Serve's model multiplexing of LoRA adapters: an LRU of max_loras adapter names per replica that Serve
+        # reports to every router (the engine's own LRU of slots is the same size and loads on demand).
+        self._hold_adapter = serve.multiplexed(max_num_models_per_replica=cfg.max_loras)(self._adapter_name)
         self._whole_calls = self._whole_requests = 0  # generate_whole's calls and the requests they held (stats)
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())
         self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
+        if adapters_registry is not None:  # the config's adapters seed the deploy's registry (the first replica's)
+            adapter_registry_actor(adapters_registry, cfg.lora_adapters)
         # Weight updates (weight_sync.py): the recorded weights are loaded before this replica serves.
         if weights_registry is not None:
             WeightSync(self.engine, registry_actor(weights_registry), replica_label()).start()
@@ -94,6 +100,9 @@ class EngineWorker:
         # aborts the request and frees its KV blocks.
         params = req.params
         eng = self.engine.engine
+        model_id = serve.get_multiplexed_model_id()
+        if model_id:  # a LoRA adapter's call: Serve records that this replica holds it (routing.py prefers it)
+            await self._hold_adapter(model_id)
 
         def convert(out: RequestOutput) -> GenerateChunk:  # in the engine thread, off this event loop
             self.metrics.on_output(params, out)
@@ -126,6 +135,21 @@ class EngineWorker:
 
     async def model_info(self) -> ModelInfo:
         return self.info
+
+    async def _adapter_name(self, model_id: str) -> str:
+        return model_id
+
+    async def check_adapter(self, name: str, path: str) -> str | None:
+        """Why the adapter at `path` cannot be served (None: it can): read and checked against the model, in a
+        thread (reading safetensors takes a while), not loaded."""
+        lora = self.engine.engine.lora
+        if lora is None:
+            return "LoRA adapters are not served with tensor_parallel_size > 1."
+        try:
+            await asyncio.to_thread(lora.check, name, path)
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     # Every tokenizer call runs in a thread: tokenizing or templating a long text takes seconds, and this event
     # loop must keep answering health checks and streaming other requests meanwhile.

@@ -44,6 +44,19 @@ class LoraManager:
         if self.free:
             self._load(name)
 
+    def ensure(self, name: str, path: str) -> None:
+        """Serve `name` from `path` (a request that carries its adapter's folder): registered when new, replaced
+        when the name now means another folder (and no running request holds the old one)."""
+        if self.paths.get(name) == path:
+            return
+        if name in self.paths:
+            self.unregister(name)
+        self.register(name, path)
+
+    def check(self, name: str, path: str) -> None:
+        """Read and check an adapter against the model without loading it (LoraError when refused)."""
+        self._check(read_adapter(name, path, self.max_rank, self.model.dtype))
+
     def unregister(self, name: str) -> None:
         if name not in self.paths:
             raise LoraError(f"The adapter {name!r} is not loaded; loaded: {self.names()}.")

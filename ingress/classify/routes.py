@@ -16,6 +16,7 @@ import uuid
 from fastapi import Request
 from starlette.responses import Response
 
+from ingress.adapters.select import adapter_for_model
 from ingress.backend import Backend
 from ingress.classify.activation import activate, predicted
 from ingress.classify.schemas import ClassifyBody, Input, PoolingBody
@@ -30,7 +31,7 @@ from ingress.classify.validation import (
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
-from ingress.openai.validation import check_model, check_text
+from ingress.openai.validation import check_text
 from rulebook import pooling
 from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 
@@ -54,7 +55,7 @@ class ClassifyRoutes:
         info = await self._backend.model_info()
         if is_sglang(body):
             return await self._sglang(body, batch, info)
-        check_model(body.model, info)
+        batch.adapter = await adapter_for_model(self._backend, body.model, info)
         check_classifier(info, "/classify route")
         assert body.input is not None  # is_sglang: vLLM's shape has its input
         wholes, ids = await self._run(body.input, body.add_special_tokens, batch, info, "classify")
@@ -67,7 +68,7 @@ class ClassifyRoutes:
 
     async def _pooling(self, body: PoolingBody, batch: Batch) -> Response:
         info = await self._backend.model_info()
-        check_model(body.model, info)
+        batch.adapter = await adapter_for_model(self._backend, body.model, info)
         check_classifier(info, "/pooling route")
         if body.task not in (None, "classify"):
             raise InvalidRequest(pooling.POOLING_TASK.format(task=body.task), param="task")

@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator
 from fastapi import Request
 from starlette.responses import Response
 
+from ingress.adapters.select import adapter_for_model
 from ingress.backend import Backend
 from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
@@ -50,7 +51,8 @@ class CompletionRoutes:
 
     async def _complete(self, body: CompletionBody, batch: Batch) -> Response:
         info = await self._backend.model_info()
-        settings = validate_completion(body, info)
+        batch.adapter = await adapter_for_model(self._backend, body.model, info)
+        settings = validate_completion(body.model_copy(update={"model": None}), info)
         check_causal(info, "/v1/completions")
         items = prompt_items(body.prompt)
         ids_list = await all_or_none(self._ids(item) for item in items)

@@ -23,6 +23,7 @@ from fastapi import Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
+from ingress.adapters.select import adapter_for_model
 from ingress.backend import Backend
 from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
@@ -123,7 +124,8 @@ class ScoreRoutes:
 
     async def _score(self, body: ScoreBody, batch: Batch) -> Response:
         info = await self._backend.model_info()
-        query, items = validate_score(body, info)
+        batch.adapter = await adapter_for_model(self._backend, body.model, info)
+        query, items = validate_score(body.model_copy(update={"model": None}), info)
         check_causal(info, "/v1/score")
         prompts = await all_or_none(self._ids(query, item, body.item_first) for item in items)
         for i, ids in enumerate(prompts):
