@@ -72,7 +72,11 @@ class EngineWorker:
         self.tokenizer = eng.tokenizer
         # Serve's model multiplexing of LoRA adapters: an LRU of max_loras adapter names per replica that Serve
         # reports to every router (the engine's own LRU of slots is the same size and loads on demand).
-        self._hold_adapter = serve.multiplexed(max_num_models_per_replica=cfg.max_loras)(self._adapter_name)
+        # A plain function, not a bound method: Serve keeps its LRU as an attribute of what it wraps.
+        async def hold_adapter(model_id: str) -> str:
+            return model_id
+
+        self._hold_adapter = serve.multiplexed(max_num_models_per_replica=cfg.max_loras)(hold_adapter)
         self._whole_calls = self._whole_requests = 0  # generate_whole's calls and the requests they held (stats)
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())
         self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
@@ -135,9 +139,6 @@ class EngineWorker:
 
     async def model_info(self) -> ModelInfo:
         return self.info
-
-    async def _adapter_name(self, model_id: str) -> str:
-        return model_id
 
     async def check_adapter(self, name: str, path: str) -> str | None:
         """Why the adapter at `path` cannot be served (None: it can): read and checked against the model, in a
