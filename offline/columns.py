@@ -75,8 +75,13 @@ def _or_empty(value: object) -> object:
     return "" if value is None else value
 
 
-def result_columns(results: list[RowResult], top_k: int, pair: bool) -> dict[str, pa.Array]:
-    """The columns the scorer adds; a row in error has nulls there and its message in `error`."""
+def result_columns(results: list[RowResult], top_k: int, pair: bool, classify: bool = False) -> dict[str, pa.Array]:
+    """The columns the scorer adds; a row in error has nulls there and its message in `error`. A classifier's:
+    num_tokens, `scores` (its raw float32 scores per label) and error."""
+    if classify:
+        return {"num_tokens": pa.array([r.num_tokens for r in results], pa.int64()),
+                "scores": pa.array([r.scores for r in results], pa.list_(pa.float32())),
+                "error": pa.array([r.error for r in results], pa.string())}
     out: dict[str, pa.Array] = {
         "num_tokens": pa.array([r.num_tokens for r in results], pa.int64()),
         # float32: the engine's values are float32 log-softmax rows; stored without rounding.
@@ -96,9 +101,10 @@ def result_columns(results: list[RowResult], top_k: int, pair: bool) -> dict[str
     return out
 
 
-def append_results(table: pa.Table, results: list[RowResult], top_k: int, pair: bool) -> pa.Table:
+def append_results(table: pa.Table, results: list[RowResult], top_k: int, pair: bool,
+                   classify: bool = False) -> pa.Table:
     """Every input column passes through unchanged; a result column replaces an input column of its name."""
-    for name, array in result_columns(results, top_k, pair).items():
+    for name, array in result_columns(results, top_k, pair, classify).items():
         if name in table.column_names:
             table = table.drop_columns([name])
         table = table.append_column(name, array)
