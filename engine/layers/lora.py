@@ -1,7 +1,9 @@
 """LoRA on the engine's (fused) linears, several adapters in one step: each resident adapter has a slot, each row
 of the step's flat batch the slot of its request's adapter, and a Linear adds `x A^T B^T` (scaling folded into B)
-to the rows of each slot present, one gather, two small matmuls and one scatter-add per adapter in the step
-(vLLM's punica "segments", in plain torch). Base rows are never touched.
+to the rows of each segment, a run of consecutive rows of one adapter (a request's chunk; neighbours of the same
+adapter merged): two small matmuls per segment, the second accumulating into the output rows in place (vLLM's punica
+"segments", in plain torch; no gather or scatter, whose copies cost more than the matmuls on CPU). Base rows are
+never touched.
 
 A fused Linear (q/k/v, gate/up) holds each of its parts' adapters side by side: A stacks the parts' ranks,
 [S, parts x R, in], and B is block-diagonal, [S, out, parts x R], so a part's output columns see only its own A.
@@ -19,8 +21,8 @@ import torch
 class LoraStep:
     """The step's rows by adapter slot, set by the model runner before each forward (empty: no adapter rows)."""
 
-    # (slot, [n] rows of the flat batch whose requests use that slot's adapter)
-    segments: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    # (slot, first row, end row) of each run of consecutive rows of the flat batch whose requests use that slot
+    segments: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class LoraSlots:
@@ -53,10 +55,9 @@ class LoraSlots:
 
     def add(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """y: [T, out] the base output of x: [T, in]; adds each row's adapter delta in place and returns y."""
-        for slot, rows in self.step.segments:
+        for slot, lo, hi in self.step.segments:
             if not self.used[slot]:
                 continue
-            xs = x.index_select(0, rows)  # [n, in]
-            delta = (xs @ self.a[slot].t()) @ self.b[slot].t()  # [n, P x R] -> [n, out]
-            y.index_add_(0, rows, delta)
+            xa = x[lo:hi] @ self.a[slot].t()  # [n, P x R]
+            y[lo:hi].addmm_(xa, self.b[slot].t())  # rows of a contiguous [T, out]: a contiguous view
         return y

@@ -85,8 +85,9 @@ class LoraManager:
     def release(self, name: str) -> None:
         self.pins[name] -= 1
 
-    def set_step(self, rows_by_slot: dict[int, list[int]]) -> None:
-        self.step.segments = [(slot, torch.tensor(rows, device=self.device)) for slot, rows in rows_by_slot.items()]
+    def set_step(self, segments: list[tuple[int, int, int]]) -> None:
+        """(slot, first row, end row) runs of the step's flat batch (ModelRunner.prepare)."""
+        self.step.segments = segments
 
     # --- slots ----------------------------------------------------------------------------------
     def _load(self, name: str) -> None:

@@ -92,8 +92,8 @@ class StepPlan:
     # (row in the flat batch or None, KV slot, chunk index) of each classify request's pooled position in this
     # step; None: the position was computed before this step, its hidden state is read from the store by slot.
     pool_rows: list[tuple[int | None, int, int]] = field(default_factory=list)
-    # Rows of the flat batch by LoRA adapter slot (requests on the base model have none).
-    lora_rows: dict[int, list[int]] = field(default_factory=dict)
+    # (LoRA adapter slot, first row, end row) runs of the flat batch (requests on the base model have none).
+    lora_rows: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -152,14 +152,17 @@ class ModelRunner:
         new_slots: list[torch.Tensor] = []
         meta = AttentionMetadata(slot_mapping=torch.empty(0), starts=[], lens=[], context_slots=[])
         layouts: list[ChunkLayout] = []
-        lora_rows: dict[int, list[int]] = {}
+        lora_rows: list[tuple[int, int, int]] = []
         offset = 0
         for chunk in sched.chunks:
             layout = self._layout(chunk, offset)
             seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
             if n > 0:
                 if seq.lora_slot is not None:
-                    lora_rows.setdefault(seq.lora_slot, []).extend(range(offset, offset + n))
+                    if lora_rows and lora_rows[-1][0] == seq.lora_slot and lora_rows[-1][2] == offset:
+                        lora_rows[-1] = (seq.lora_slot, lora_rows[-1][1], offset + n)  # the same adapter goes on
+                    else:
+                        lora_rows.append((seq.lora_slot, offset, offset + n))
                 ids.extend(seq.token_ids[start:start + n])
                 positions.append(torch.arange(start, start + n, device=self.device))
                 new_slots.append(layout.slots[start:start + n])
