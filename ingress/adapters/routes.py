@@ -16,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import PlainTextResponse, Response
 
 from ingress.backend import Backend
+from ingress.edge.openapi import error_responses
 from ingress.errors import InvalidRequest, JSONAnswer, NotFound
 from ingress.openai.render import error_json
+from ingress.openai.schemas import OpenAIErrorBody
 
 _BODY = ConfigDict(strict=True, extra="forbid")
 
@@ -31,6 +33,12 @@ class LoadAdapterBody(BaseModel):
                            "every worker can read.")
     load_inplace: bool = Field(False, description="vLLM's: must be false (unload first to replace an adapter).")
     pinned: bool = Field(False, description="SGLang's: accepted; adapters are evicted least recently used.")
+
+
+class SGLangAdapterAnswer(BaseModel):
+    success: bool
+    error_message: str
+    loaded_adapters: dict[str, str]
 
 
 class UnloadAdapterBody(BaseModel):
@@ -72,12 +80,19 @@ def adapters_router(backend: Backend) -> APIRouter:
         removed = await backend.unload_adapter(body.lora_name)
         return await sglang_answer(None if removed else f"The adapter {body.lora_name!r} is not loaded.")
 
+    errors = error_responses(OpenAIErrorBody, body=True, own_422=False)
+    text = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Success: ..."}}
     router.add_api_route("/v1/load_lora_adapter", vllm_load, methods=["POST"], response_model=None,
+                         responses={**text, **errors},
                          summary="vLLM's: serve a PEFT LoRA adapter under a name (admin key)")
     router.add_api_route("/v1/unload_lora_adapter", vllm_unload, methods=["POST"], response_model=None,
+                         responses={**text, **errors, 404: {"model": OpenAIErrorBody,
+                                                            "description": "No adapter has the name."}},
                          summary="vLLM's: stop serving an adapter (admin key)")
-    router.add_api_route("/load_lora_adapter", sglang_load, methods=["POST"], response_model=None,
-                         summary="SGLang's: serve a PEFT LoRA adapter under a name (admin key)")
-    router.add_api_route("/unload_lora_adapter", sglang_unload, methods=["POST"], response_model=None,
-                         summary="SGLang's: stop serving an adapter (admin key)")
+    sglang = {**errors, 400: {"model": SGLangAdapterAnswer | OpenAIErrorBody,
+                              "description": "Refused (success false, the reason in error_message)."}}
+    router.add_api_route("/load_lora_adapter", sglang_load, methods=["POST"], response_model=SGLangAdapterAnswer,
+                         responses=sglang, summary="SGLang's: serve a PEFT LoRA adapter under a name (admin key)")
+    router.add_api_route("/unload_lora_adapter", sglang_unload, methods=["POST"], response_model=SGLangAdapterAnswer,
+                         responses=sglang, summary="SGLang's: stop serving an adapter (admin key)")
     return router
