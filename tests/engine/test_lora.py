@@ -116,3 +116,23 @@ def test_runtime_load_and_refusals(tiny_models: dict[str, Path], adapters: dict[
         engine.lora.register("emb", str(emb))
     engine.lora.unregister("a")
     assert engine.lora.names() == []
+
+
+FAMILY_TARGETS = {
+    "qwen3": None, "mistral": None, "gemma2": None, "gemma3": None,
+    "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],  # fused in Phi-3's checkpoint: PEFT's names
+    "qwen3-moe": ["q_proj", "k_proj", "v_proj", "o_proj"],  # attention of an MoE model
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILY_TARGETS))
+def test_every_family_with_an_adapter(family: str, tmp_path: Path) -> None:
+    from tests.helpers.families import family_path
+
+    base = family_path(family)
+    adapter = build_adapter(tmp_path / "ad", base, rank=4, seed=3, targets=FAMILY_TARGETS[family])
+    engine = make_engine(base, lora_adapters={"ad": str(adapter)})
+    ids = rand_ids(15, seed=6)
+    got = engine.generate([ids, ids], [_with("ad"), _with(None)], check=True)
+    assert _close(got[0].input_token_logprobs, peft_scores(base, adapter, ids, 0)) <= ATOL
+    assert _close(got[1].input_token_logprobs, hf_scores(base, ids, 0)) <= ATOL
