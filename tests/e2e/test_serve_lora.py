@@ -1,6 +1,7 @@
 """LoRA adapters through the Serve app on 2 workers (real local Ray cluster, HTTP): an adapter from the config and
 one loaded at run time (vLLM's route) are each scored within 1e-4 of transformers + PEFT, beside the base model's
-rows, by /generate (`adapter`, SGLang's `lora_path`) and /v1/completions (`model`); a repeat of an adapter's prompt
+rows, by /generate (`adapter`, SGLang's `lora_path`; the OpenAI `model` field:
+tests/ingress/test_adapter_routes.py); a repeat of an adapter's prompt
 is routed to the replica holding the adapter and its prefix (Serve multiplexing + the prefix router); an adapter
 over max_lora_rank is a 400 naming it; an unloaded adapter is refused."""
 
@@ -57,12 +58,6 @@ def test_adapters_served_and_routed(serve_url: str, tiny_models: dict[str, Path]
             again = _rows(url, ids, adapter="b")
             assert again["cached_tokens"] == 16 and _close(again["input_token_logprobs"],
                                                            peft_scores(base, b, ids, 0)) <= ATOL
-
-        r = httpx.post(f"{url}/v1/completions", json={"model": "b", "prompt": ids, "max_tokens": 0, "echo": True,
-                                                     "logprobs": 0}, timeout=120)
-        assert r.status_code == 200, r.text
-        got = r.json()["choices"][0]["logprobs"]["token_logprobs"][1:]
-        assert max(abs(g - w) for g, w in zip(got, peft_scores(base, b, ids, 0), strict=True)) <= ATOL
 
         r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "big", "lora_path": str(big)}, timeout=60)
         assert r.status_code == 400 and "max_lora_rank" in r.text, r.text
