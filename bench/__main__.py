@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
 _TOOLS = {
     "limits": "bench.features.limits", "weight_update": "bench.features.weight_update",
     "long_prefill": "bench.features.long_prefill", "families": "bench.features.families", "tp": "bench.features.tp",
+    "lora": "bench.features.lora", "classify": "bench.features.classify",
     "cuda_check": "bench.device.cuda_check",
     "reliability": "bench.serving.reliability", "offline": "bench.serving.offline",
     "lm_eval_compare": "bench.serving.lm_eval_compare", "prefix_routing": "bench.serving.prefix_routing",

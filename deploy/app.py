@@ -10,6 +10,7 @@ from ray.serve.config import DeploymentActorConfig, RequestRouterConfig
 
 from deploy.config import AppConfig
 from ingress.deployment import Ingress
+from workers.adapter_registry import ADAPTERS_ACTOR, AdapterRegistry
 from workers.weight_sync import REGISTRY_ACTOR
 from workers.weights import WeightRegistry
 from workers.worker import EngineWorkerDeployment
@@ -37,15 +38,18 @@ def _ranks(cfg: AppConfig) -> dict[str, Any]:
     return {"placement_group_bundles": [bundle] * cfg.tensor_parallel_size, "placement_group_strategy": "STRICT_PACK"}
 
 
-def _registry(cfg: AppConfig) -> dict[str, Any]:
-    """The weight registry (workers/weights.py) as a deployment-scoped actor of the workers: Serve starts it before
-    them and stops it with the deployment, so nothing of a deploy outlives it (`serve shutdown`, `serve delete`),
-    and no per-deploy name reaches the replicas' arguments (which would make every redeploy restart them)."""
-    if not cfg.weight_updates:
-        return {}
-    actor = DeploymentActorConfig(name=REGISTRY_ACTOR, actor_class=ray.remote(WeightRegistry),
-                                  actor_options={"num_cpus": 0})
-    return {"deployment_actors": [actor]}
+def _actors(cfg: AppConfig) -> dict[str, Any]:
+    """The weight registry (workers/weights.py) and the adapter registry (workers/adapter_registry.py) as
+    deployment-scoped actors of the workers: Serve starts them before the replicas and stops them with the
+    deployment, so nothing of a deploy outlives it (`serve shutdown`, `serve delete`), and no per-deploy name
+    reaches the replicas' arguments (which would make every redeploy restart them)."""
+    seeded = dict(cfg.lora_adapters or {})  # the config's adapters; the load route adds more
+    actors = [DeploymentActorConfig(name=ADAPTERS_ACTOR, actor_class=ray.remote(AdapterRegistry), init_args=(seeded,),
+                                    actor_options={"num_cpus": 0})]
+    if cfg.weight_updates:
+        actors.append(DeploymentActorConfig(name=REGISTRY_ACTOR, actor_class=ray.remote(WeightRegistry),
+                                            actor_options={"num_cpus": 0}))
+    return {"deployment_actors": actors}
 
 
 def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
@@ -57,7 +61,7 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
         # the engine thread); a stuck engine fails check_health itself after stuck_engine_timeout_s.
         health_check_period_s=5, health_check_timeout_s=30,
         graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
-        **_routing(cfg), **_ranks(cfg), **_registry(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
+        **_routing(cfg), **_ranks(cfg), **_actors(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
     ).bind(cfg.engine_config(), cfg.model_name, cfg.weight_updates)
     return Ingress.options(
         ray_actor_options={"num_cpus": cfg.ingress_num_cpus}, max_ongoing_requests=cfg.ingress_max_ongoing_requests,

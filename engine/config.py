@@ -66,6 +66,12 @@ class EngineConfig:
     num_threads: int | None = _doc(None, "torch intra-op threads; default: torch's own.")
     cache_dir: str | None = _doc(None, "Where the default model is converted; default: the user's cache dir or "
                                  "$RAYSCORE_CACHE_DIR.")
+    # --- LoRA adapters (engine/runner/lora.py) ---
+    lora_adapters: dict[str, str] | None = _doc(None, "LoRA adapters (PEFT folders) served by name, {name: path}; more "
+                                                "are loaded at run time (POST /v1/load_lora_adapter).")
+    max_loras: int = _doc(4, "Adapters resident at once per worker (least recently used evicted, reloaded on "
+                          "demand); requests of that many adapters share one engine step.")
+    max_lora_rank: int = _doc(16, "Largest adapter rank served (an adapter above it is refused, 400).")
     # --- self-protection (engine/core/admission.py, engine/async_engine.py; figures: bench/features/limits.py) ---
     max_queued_requests: int = _doc(64, "Requests a worker holds that have not started (no engine step yet); one "
                                     "more is refused at once with a 503-coded error, before it is queued.")
@@ -96,6 +102,11 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.batch_invariant:
             raise ValueError("batch_invariant is not available with tensor_parallel_size > 1: the all-reduces' "
                              "summation order is not held fixed across ranks")
+        if self.max_loras <= 0 or self.max_lora_rank <= 0:
+            raise ValueError("max_loras and max_lora_rank must be positive")
+        if self.lora_adapters and (self.tensor_parallel_size > 1 or self.batch_invariant):
+            raise ValueError("lora_adapters are served with tensor_parallel_size 1 and batch_invariant off only: an "
+                             "adapter is neither split over ranks nor computed in the invariant mode's fixed tiles")
         for name in ("max_queued_requests", "max_queued_tokens", "max_logprob_entries", "stuck_engine_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -15,16 +15,19 @@ from engine.core.scheduler import ScheduledChunk, Scheduler
 from engine.core.sequence import Sequence
 from engine.detokenizer import Detokenizer
 from engine.loading.default_model import resolve_model_path
-from engine.loading.loader import eos_token_ids, load_model, load_tokenizer, resolve_device
+from engine.loading.loader import eos_token_ids, load_config, load_model, load_tokenizer, resolve_device
+from engine.loading.lora import LoraError
 from engine.loading.sharded import load_sharded
+from engine.models.llama import is_classifier
 from engine.output_state import OutputState
 from engine.outputs import DEFAULT_WEIGHT_VERSION, FinishReason, RequestOutput, merge_outputs
 from engine.parallel.driver import TensorParallel
 from engine.parallel.group import TPGroup
+from engine.runner.lora import LoraManager
 from engine.runner.model_runner import ChunkResult, ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineCounters, EngineStats, token_load
-from rulebook import limits, rules
+from rulebook import limits, pooling, rules
 
 
 class RequestError(ValueError):
@@ -41,6 +44,9 @@ class LLMEngine:
         self.model_path: Path = resolve_model_path(config.model, config.cache_dir)
         self.parallel: TensorParallel | None = None
         if config.tensor_parallel_size > 1:
+            if is_classifier(load_config(self.model_path)):
+                raise ValueError("a classifier (*ForSequenceClassification) is served with tensor_parallel_size 1 "
+                                 "only: its score head is not split over ranks")
             if group is None or not group.is_driver:
                 raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} needs this engine to be rank 0 "
                                  "of a process group of that many ranks (engine/parallel/)")
@@ -66,7 +72,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
                                    hidden_state_store=config.hidden_state_store,
                                    long_prefill_token_threshold=config.long_prefill_token_threshold)
-        self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel)
+        # Adapters on one device only (EngineConfig refuses lora_adapters with tensor_parallel_size > 1).
+        self.lora = LoraManager(self.model, config, self.device) if self.parallel is None else None
+        self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel, self.lora)
         if self.parallel is not None:
             self.parallel.start(num_blocks)
         self.detokenizer = Detokenizer(self.tokenizer)
@@ -84,6 +92,10 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self._check(request_id, prompt_token_ids, params)
         seq = Sequence(request_id, prompt_token_ids, params)
+        if params.classify:
+            seq.pool_position = pooling.pooled_position(prompt_token_ids, self.hf_config.get_text_config().pad_token_id)
+        if params.adapter is not None:
+            seq.lora_slot, seq.cache_salt = self._acquire_adapter(params.adapter, params.adapter_path)
         self.seqs[request_id] = seq
         self.output_states[request_id] = OutputState(params)
         gen = torch.Generator(device=self.device)
@@ -93,13 +105,14 @@ class LLMEngine:
 
     def _check(self, request_id: str, ids: list[int], p: SamplingParams) -> None:
         """The last line of defence: the ingress checks the same rules (rulebook/rules.py) before any work."""
+        self._check_task(p)
         broken = (rules.request_id_in_use(request_id, request_id in self.seqs)
                   or rules.empty_ids(ids) or rules.token_out_of_range(ids, self.vocab_size)
                   or rules.negative_max_tokens(p.max_tokens)
                   or rules.context_too_long(len(ids), p.max_tokens, self.max_model_len)
                   or rules.logprobs_disabled(p.return_logprob, self.config.logprobs_mode)
                   or (rules.start_past_end(p.logprob_start_len, len(ids)) if p.scores_input else None)
-                  or rules.nothing_to_compute(p.max_tokens, p.scores_input))
+                  or (None if p.classify else rules.nothing_to_compute(p.max_tokens, p.scores_input)))
         if broken:
             raise RequestError(broken.message)
         fits = self.kv.blocks_for(len(ids) + p.max_tokens) <= self.kv.pool.num_blocks
@@ -108,6 +121,25 @@ class LLMEngine:
         if broken:
             raise RequestError(broken.message)
         self._check_limits(len(ids), p)
+
+    def _acquire_adapter(self, name: str, path: str | None) -> tuple[int, int]:
+        if self.lora is None or self.config.batch_invariant:
+            raise RequestError("LoRA adapters are not served with tensor_parallel_size > 1 or batch_invariant.")
+        try:
+            if path is not None:
+                self.lora.ensure(name, path)
+            return self.lora.acquire(name)
+        except LoraError as exc:
+            raise RequestError(str(exc)) from exc
+
+    def _check_task(self, p: SamplingParams) -> None:
+        """A classifier answers classify requests only, and only a classifier answers them."""
+        if self.model.classifier and not p.classify:
+            raise RequestError(pooling.classifier_only(self.model.num_labels, "generation or token scoring").message)
+        if p.classify and not self.model.classifier:
+            raise RequestError(pooling.not_a_classifier("classify or pooling route").message)
+        if p.classify and (p.max_tokens or p.scores_input or p.return_logprob):
+            raise RequestError(pooling.CLASSIFY_FIELDS)
 
     def _check_limits(self, num_ids: int, p: SamplingParams) -> None:
         """What one request may cost (the ingress checks the same limits first; this is the worker's own guard)."""
@@ -156,6 +188,8 @@ class LLMEngine:
         self.scheduler.update(chunk, len(r.score_logprobs), r.sampled)
         state = self.output_states[seq.request_id]
         state.add_input_rows(r.score_logprobs, r.score_top, r.score_token_ids, r.score_ranks)
+        if r.pooled is not None:
+            state.pooled = r.pooled
         if not seq.generates:
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 return None
@@ -184,6 +218,9 @@ class LLMEngine:
         return None
 
     def _finish(self, seq: Sequence) -> None:
+        if seq.lora_slot is not None and self.lora is not None and seq.params.adapter is not None:
+            self.lora.release(seq.params.adapter)
+            seq.lora_slot = None
         self.scheduler.finish(seq)
         self.seqs.pop(seq.request_id, None)
         self.generators.pop(seq.request_id, None)

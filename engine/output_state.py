@@ -23,6 +23,8 @@ class OutputState:
         self.output_token_logprobs: list[TokenLogprob] | None = [] if want else None
         self.output_top_logprobs: list[list[TokenLogprob]] | None = (
             [] if want and params.top_logprobs_num > 0 else None)
+        # A classify request's raw scores at its pooled position, once its prompt is computed.
+        self.pooled: list[float] | None = None
         # Detokenized output text so far (after stop-string handling), written by the Detokenizer.
         self.text = ""
         # How much was sent: text characters, output token ids, output logprob rows; input rows go once.
@@ -82,6 +84,7 @@ class OutputState:
             input_token_ranks=self._once(self.input_token_ranks),
             output_token_logprobs=_since(self.output_token_logprobs, n_lp),
             output_top_logprobs=_since(self.output_top_logprobs, n_lp),
+            pooled=self.pooled if seq.is_finished else None,
             arrival_time=seq.arrival_time, scheduled_time=seq.scheduled_time, finished_time=seq.finished_time,
         )
         self.num_ids_sent = len(out_ids)

@@ -56,6 +56,8 @@ class RequestOutput:
     input_token_ranks: list[int] | None = field(default=None, metadata=CONCAT)
     output_token_logprobs: list[TokenLogprob] | None = field(default=None, metadata=CONCAT)
     output_top_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
+    # A classify request's raw scores (float32) at its pooled position: [num_labels], on its final delta only.
+    pooled: list[float] | None = None
     # Timings (time.monotonic seconds): arrival, first scheduled, finished.
     arrival_time: float | None = None
     scheduled_time: float | None = None

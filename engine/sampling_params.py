@@ -38,6 +38,14 @@ class SamplingParams:
     token_ids_logprob: list[int] | None = None
     # Each scored input token's rank in its row (1 = most likely; vLLM's: how many tokens have a value >= its own).
     return_input_ranks: bool = False
+    # A classifier's request (/classify, /pooling): prefill only, answered with the raw scores of the pooled
+    # position (RequestOutput.pooled); takes max_tokens 0 and no logprobs. Only a classifier serves it.
+    classify: bool = False
+    # The LoRA adapter the request runs with, by its name (engine/runner/lora.py); None: the base model.
+    adapter: str | None = None
+    # Where that adapter's PEFT folder is: an engine that does not have it (or has another folder under the name)
+    # loads it on demand. None: the engine must have it already.
+    adapter_path: str | None = None
 
     # Derived once per request, not per generated token: a request with many stops must not cost every token a
     # pass over them (the engine scans stops inside the step that serves the whole batch).

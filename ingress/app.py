@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from ingress.adapters.routes import adapters_router
 from ingress.backend import Backend
 from ingress.edge.middleware import GuardMiddleware, route_path
 from ingress.edge.request_id import RequestIdMiddleware
@@ -80,4 +81,6 @@ def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
     app.include_router(openai_router(backend, settings, retries))
     # /update_weights_from_disk, /flush_cache, /model_info (weights/routes.py).
     app.include_router(weights_router(backend))
+    # /v1/load_lora_adapter, /v1/unload_lora_adapter, /load_lora_adapter, /unload_lora_adapter (adapters/routes.py).
+    app.include_router(adapters_router(backend))
     return app

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:  # Ray is only needed once a handle exists; tests of the route
 
 logger = logging.getLogger(__name__)
 
+# How long an ingress replica trusts its copy of the adapter registry.
+ADAPTERS_TTL_S = 1.0
 WEIGHT_UPDATES_OFF = "Weight updates are off on this deployment (config field `weight_updates`)."
 
 
@@ -99,6 +102,18 @@ class Backend(Protocol):
     async def weight_version(self) -> str:
         ...
 
+    # LoRA adapters (ingress/adapters/routes.py): the deployment's registry, name -> PEFT folder.
+    async def adapters(self) -> dict[str, str]:
+        ...
+
+    async def load_adapter(self, name: str, path: str) -> str | None:
+        """Check the adapter on a worker, then register it; the refusal's message, or None when loaded."""
+        ...
+
+    async def unload_adapter(self, name: str) -> bool:
+        """False when no adapter has the name."""
+        ...
+
 
 class HandleBackend:
     """Backend over the worker deployment: `generate` (streaming), `generate_whole` (unary), `model_info`, `stats`
@@ -111,6 +126,7 @@ class HandleBackend:
                  weight_updates: bool = False, coalesce_max_in_flight: int = 0,
                  coalesce_max_tokens: int = 2048) -> None:
         self._worker = worker
+        self._adapters_cache: tuple[float, dict[str, str]] = (-1.0, {})
         # Concurrent short scoring calls merged into one worker call under load (coalesce.py).
         self.coalescer = Coalescer(self._whole_call, coalesce_max_in_flight, coalesce_max_tokens)
         # The worker deployment's weight registry: a deployment-scoped actor, reached through a worker (_registry).
@@ -132,7 +148,10 @@ class HandleBackend:
         try:
             # Inside the try: Serve's router may refuse the call right here (BackPressureError), not only on
             # the first read.
-            response = self._stream_worker.generate.remote(req)
+            handle = self._stream_worker
+            if req.params.adapter is not None:
+                handle = handle.options(multiplexed_model_id=req.params.adapter)
+            response = handle.generate.remote(req)
             async for chunk in response:
                 finished = chunk.finished
                 yield chunk
@@ -156,7 +175,7 @@ class HandleBackend:
         # handle and a message per delta, several times the CPU of a short scoring request's own answer.
         response = None
         try:
-            response = self._worker.generate_whole.remote(reqs)
+            response = _multiplexed(self._worker, reqs).generate_whole.remote(reqs)
             answers: list[GenerateChunk] = await response
             return answers
         except asyncio.CancelledError:
@@ -174,6 +193,35 @@ class HandleBackend:
 
     async def tokenize_many(self, texts: list[str]) -> list[list[int]]:
         return await _call(self._worker.tokenize_many, texts)
+
+    async def adapters(self) -> dict[str, str]:
+        """The registry's adapters, read at most once a second per ingress replica (a load or unload through another
+        replica shows here within that second)."""
+        stamp, paths = self._adapters_cache
+        if time.monotonic() - stamp < ADAPTERS_TTL_S:
+            return paths
+        registry = await self._adapter_registry()
+        paths = await registry.all.remote() if registry is not None else {}
+        self._adapters_cache = (time.monotonic(), paths)
+        return paths
+
+    async def load_adapter(self, name: str, path: str) -> str | None:
+        registry = await self._adapter_registry()
+        if registry is None:
+            return "No worker replica has started: there is no adapter registry yet."
+        refused: str | None = await _call(self._worker.check_adapter, name, path)
+        if refused is not None:
+            return refused
+        if not await registry.put.remote(name, path):
+            return f"The adapter {name!r} is already loaded (POST /v1/unload_lora_adapter first)."
+        self._adapters_cache = (-1.0, {})
+        return None
+
+    async def unload_adapter(self, name: str) -> bool:
+        registry = await self._adapter_registry()
+        removed: bool = registry is not None and await registry.remove.remote(name)
+        self._adapters_cache = (-1.0, {})
+        return removed
 
     async def detokenize(self, ids: list[int]) -> str:
         return await _call(self._worker.detokenize, ids)
@@ -229,6 +277,15 @@ class HandleBackend:
             logger.info("weight registry not reachable: %s", type(exc).__name__)
             return None
 
+    async def _adapter_registry(self) -> Any:
+        """The adapter registry's actor handle, asked of a worker as the weight registry's is; None when no worker
+        answers."""
+        try:
+            return await _call(self._worker.adapters_registry)
+        except Exception as exc:  # no worker, or the registry is being recreated
+            logger.info("adapter registry not reachable: %s", type(exc).__name__)
+            return None
+
     async def ready(self) -> bool:
         response = self._worker.stats.remote()
         try:
@@ -272,3 +329,13 @@ async def _call(method: Any, *args: Any) -> Any:
 async def _await(response: object) -> object:
     # asyncio.wait_for needs a coroutine or future; a DeploymentResponse is only awaitable.
     return await response  # type: ignore[misc]  # typed `object` here: Serve's response type is not imported
+
+
+def _multiplexed(worker: DeploymentHandle, reqs: list[GenerateRequest]) -> DeploymentHandle:
+    """The handle for a call whose requests share one LoRA adapter: Serve's model multiplexing routes it to a replica
+    holding that adapter (a call mixing adapters, as coalescing may make, goes anywhere: every replica loads on
+    demand)."""
+    names = {r.params.adapter for r in reqs}
+    if len(names) == 1 and (name := names.pop()) is not None:
+        return worker.options(multiplexed_model_id=name)
+    return worker

@@ -24,6 +24,7 @@ whole HTTP exchange in `run`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
@@ -82,6 +83,16 @@ class Batch:
         self._streams: list[Stream] = []
         self._firsts: list[GenerateChunk] = []
         self.handed_off = False  # an SSE response owns the streams and closes them
+        # (name, PEFT folder) of the LoRA adapter every request of the batch runs with, set by the route that
+        # resolved it (ingress/adapters/select.py); None: the base model.
+        self.adapter: tuple[str, str] | None = None
+
+    def _adapted(self, requests: Sequence[GenerateRequest]) -> Sequence[GenerateRequest]:
+        if self.adapter is None:
+            return requests
+        name, path = self.adapter
+        return [dataclasses.replace(r, params=dataclasses.replace(r.params, adapter=name, adapter_path=path))
+                for r in requests]
 
     @property
     def settings(self) -> IngressSettings:
@@ -100,7 +111,7 @@ class Batch:
         if self._streams:
             raise RuntimeError("a batch is opened once")
         check_limits(requests, self._settings)
-        self._streams = [self._backend.stream(req) for req in as_one_unit(requests, info)]
+        self._streams = [self._backend.stream(req) for req in as_one_unit(self._adapted(requests), info)]
 
     async def answers(self, requests: Sequence[GenerateRequest], info: ModelInfo) -> list[GenerateChunk]:
         """`open` + `collect` in one worker call, for an answer that is not streamed: the same checks before any
@@ -110,7 +121,7 @@ class Batch:
         check_limits(requests, self._settings)
         if not requests:  # e.g. a completion that only echoes its prompt: nothing to ask a worker
             return []
-        wholes = await self._backend.answers(as_one_unit(requests, info))
+        wholes = await self._backend.answers(as_one_unit(self._adapted(requests), info))
         for whole in wholes:
             _check_whole(whole)
         return wholes

@@ -77,9 +77,15 @@ def _or_empty(value: object) -> object:
     return "" if value is None else value
 
 
-def result_columns(results: list[RowResult], top_k: int, pair: bool, flat: bool = False) -> dict[str, pa.Array]:
+def result_columns(results: list[RowResult], top_k: int, pair: bool, flat: bool = False,
+                   classify: bool = False) -> dict[str, pa.Array]:
     """The columns the scorer adds; a row in error has nulls there and its message in `error`. flat: token_logprobs
-    and top_logprobs in the compact encoding (engine/compact.py's columns, as the HTTP answers name them)."""
+    and top_logprobs in the compact encoding (engine/compact.py's columns, as the HTTP answers name them). A
+    classifier's: num_tokens, `scores` (its raw float32 scores per label) and error."""
+    if classify:
+        return {"num_tokens": pa.array([r.num_tokens for r in results], pa.int64()),
+                "scores": pa.array([r.scores for r in results], pa.list_(pa.float32())),
+                "error": pa.array([r.error for r in results], pa.string())}
     out: dict[str, pa.Array] = {
         "num_tokens": pa.array([r.num_tokens for r in results], pa.int64()),
         # float32: the engine's values are float32 log-softmax rows; stored without rounding.
@@ -114,9 +120,10 @@ def flat_columns(rows: list[dict[str, Any] | None]) -> dict[str, pa.Array]:
                            pa.list_(pa.int64()) if name.endswith("_shape") else pa.string()) for name in names}
 
 
-def append_results(table: pa.Table, results: list[RowResult], top_k: int, pair: bool, flat: bool = False) -> pa.Table:
+def append_results(table: pa.Table, results: list[RowResult], top_k: int, pair: bool, flat: bool = False,
+                   classify: bool = False) -> pa.Table:
     """Every input column passes through unchanged; a result column replaces an input column of its name."""
-    for name, array in result_columns(results, top_k, pair, flat).items():
+    for name, array in result_columns(results, top_k, pair, flat, classify).items():
         if name in table.column_names:
             table = table.drop_columns([name])
         table = table.append_column(name, array)

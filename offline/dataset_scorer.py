@@ -38,6 +38,8 @@ class RowResult:
     token_logprobs: list[float] | None = None
     top_logprobs: list[Top] | None = None
     is_greedy: bool | None = None  # lm-eval pairs only
+    # A classifier's raw scores at the row's pooled position ([num_labels]); None for a causal LM.
+    scores: list[float] | None = None
     error: str | None = None
 
     @property
@@ -88,9 +90,16 @@ class DatasetScorer:
             return plan_ids(list(row.ids), _start(row.start), self.windows, self.max_len)
         return plan_text(self.tokenize, _text(row.text, "text"), _start(row.start), self.windows, self.max_len)
 
+    @property
+    def classifier(self) -> bool:
+        """A classifier checkpoint: each row is classified whole (its `scores`) instead of scored token by token."""
+        return bool(self.engine.model.classifier)
+
     def score(self, rows: list[RowInput]) -> list[RowResult]:
         """One result per row, in order; a bad row gets `error` set and never affects the others."""
         self._batches += 1
+        if self.classifier:
+            return self._classify(rows)
         results = [RowResult() for _ in rows]
         plans: dict[int, RowPlan] = {}
         rids: dict[str, tuple[int, int]] = {}  # request id -> (row, piece)
@@ -105,6 +114,33 @@ class DatasetScorer:
         for r, plan in plans.items():
             pieces = [outputs[(r, k)] for k in range(len(plan.pieces))]
             results[r] = self._combine(plan, pieces)
+        return results
+
+    def _classify(self, rows: list[RowInput]) -> list[RowResult]:
+        """Each row (ids, or text tokenized with the tokenizer's special tokens, as /classify does) as one classify
+        request; no windows: a row longer than the context is that row's error."""
+        results = [RowResult() for _ in rows]
+        rids: dict[str, tuple[int, int]] = {}
+        for r, row in enumerate(rows):
+            try:
+                if row.ids is not None:
+                    if not all(isinstance(t, int) and not isinstance(t, bool) for t in row.ids):
+                        raise RowError("the ids must be a list of integers")
+                    ids = list(row.ids)
+                else:
+                    ids = self.engine.tokenizer.encode(_text(row.text, "text"), add_special_tokens=True)
+                rid = f"b{self._batches}-r{r}"
+                self.engine.add_request(rid, ids, SamplingParams(max_tokens=0, classify=True))
+                rids[rid] = (r, 0)
+                results[r].num_tokens = len(ids)
+            except (RowError, RequestError) as e:
+                results[r].error = f"row {row.label}: {e}" if row.label else str(e)
+        for (r, _), out in self._run(rids).items():
+            reason = out.finish_reason
+            if reason is not None and reason.type in ("error", "abort"):
+                results[r] = RowResult(error=f"engine: {reason.message or reason.type}")
+            else:
+                results[r].scores = out.pooled
         return results
 
     def _submit(self, r: int, plan: RowPlan, rids: dict[str, tuple[int, int]]) -> None:

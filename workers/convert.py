@@ -32,4 +32,4 @@ def to_chunk(out: RequestOutput, params: SamplingParams | None = None, weight_ve
         input_token_ids_logprobs=_tops(out.input_token_ids_logprobs),
         input_token_ranks=out.input_token_ranks,
         input_logprob_temperature=params.input_logprob_temperature if params is not None else None,
-        weight_version=weight_version)
+        pooled=out.pooled, weight_version=weight_version)

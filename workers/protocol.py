@@ -44,6 +44,15 @@ class ModelInfo:
     # worker can never be admitted, and is refused with 400 rather than 503 + Retry-After.
     max_queued_requests: int | None = None
     max_queued_tokens: int | None = None
+    # A classifier (*ForSequenceClassification): its labels' count (0: a causal LM), its config's id2label (label
+    # index -> name) and problem_type (what vLLM's probabilities apply: softmax, sigmoid or none).
+    num_labels: int = 0
+    id2label: dict[int, str] = field(default_factory=dict)
+    problem_type: str | None = None
+
+    @property
+    def classifier(self) -> bool:
+        return self.num_labels > 0
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,8 @@ class GenerateChunk:
     input_token_ranks: list[int] | None = field(default=None, metadata=CONCAT)
     # The request's input_logprob_temperature, echoed; None when it did not set one.
     input_logprob_temperature: float | None = None
+    # A classify request's raw float32 scores at its pooled position ([num_labels]), on its final chunk.
+    pooled: list[float] | None = None
     # The weights the request ran on (every chunk of a request carries the same: weights change between requests).
     weight_version: str | None = None
 
@@ -191,7 +202,7 @@ def error_chunk(rid: str, message: str, code: int | None = None, after: Generate
         input_token_ids_logprobs=empty_like("input_token_ids_logprobs"),
         input_token_ranks=empty_like("input_token_ranks"),
         input_logprob_temperature=after.input_logprob_temperature if after else None,
-        weight_version=after.weight_version if after else None)
+        pooled=after.pooled if after else None, weight_version=after.weight_version if after else None)
 
 
 async def until_finished(stream: AsyncGenerator[GenerateChunk, None]) -> list[GenerateChunk]:

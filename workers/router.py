@@ -27,12 +27,13 @@ from workers.protocol import GenerateRequest
 log = logging.getLogger("ray.serve")
 
 
-def block_hashes(ids: Sequence[int], block_size: int) -> list[int]:
+def block_hashes(ids: Sequence[int], block_size: int, adapter: str | None = None) -> list[int]:
     """One hash per full block of `block_size` tokens, chained: hash i covers tokens [0, (i+1)*block_size),
     so equal hashes mean equal prefixes, and an equal block behind a different head does not match.
-    Same form as the engine's prefix cache (a partial last block is never cached, so never keyed)."""
+    Same form as the engine's prefix cache (a partial last block is never cached, so never keyed); a LoRA adapter's
+    requests chain from their adapter's name, as the engine keys its cache by adapter."""
     out: list[int] = []
-    parent: int | None = None
+    parent: int | None = None if adapter is None else hash(("lora", adapter))
     for start in range(0, len(ids) - block_size + 1, block_size):
         parent = hash((parent, tuple(ids[start:start + block_size])))
         out.append(parent)
@@ -135,7 +136,7 @@ class PrefixAwareRouter(RequestRouter):
             return []
         if not isinstance(req, GenerateRequest) or not req.input_ids:
             return []
-        return block_hashes(req.input_ids, self._block_size)
+        return block_hashes(req.input_ids, self._block_size, req.params.adapter)
 
     async def _queue_lens(self, replicas: list[RunningReplica]) -> dict[ReplicaID, int]:
         """Queue length of each replica that can take a request: from Serve's cache where fresh, else probed.
@@ -162,6 +163,7 @@ class PrefixAwareRouter(RequestRouter):
         # Serve retries without a pause unless told to back off; every round here considers all replicas.
         if pending_request is not None:
             pending_request.routing_context.should_backoff = True
+        candidate_replicas = self._holding_adapter(candidate_replicas, pending_request)
         hashes = self._request_hashes(pending_request)
         if hashes:
             by_id = {r.replica_id: r for r in random.sample(candidate_replicas, len(candidate_replicas))}
@@ -178,6 +180,17 @@ class PrefixAwareRouter(RequestRouter):
                 return [[by_id[rid]]]
         # Power of two choices: Serve sends to the shorter queue of two random replicas.
         return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+
+    @staticmethod
+    def _holding_adapter(replicas: list[RunningReplica], pending_request: PendingRequest | None
+                         ) -> list[RunningReplica]:
+        """Serve's model multiplexing: a call for a LoRA adapter (its multiplexed_model_id) goes to the replicas
+        that hold it when any does (prefix affinity then picks among them); else to any, which loads it."""
+        model_id = pending_request.metadata.multiplexed_model_id if pending_request is not None else ""
+        if not model_id:
+            return replicas
+        holding = [r for r in replicas if model_id in r.multiplexed_model_ids]
+        return holding or replicas
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: object) -> None:
         hashes = self._request_hashes(pending_request)

@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from rulebook import rules
+from workers.adapter_registry import adapter_registry_actor
 from workers.convert import to_chunk
 from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats
 from workers.protocol import (
@@ -37,6 +38,11 @@ from workers.stats import worker_stats
 from workers.weight_sync import WeightSync, registry_actor
 
 log = logging.getLogger("ray.serve")
+
+
+def _labels(hf_config: Any) -> dict[int, str]:
+    """A classifier's id2label, label index -> name (transformers keeps int keys; a JSON config may give strings)."""
+    return {int(k): str(v) for k, v in (getattr(hf_config, "id2label", None) or {}).items()}
 
 
 class EngineWorker:
@@ -60,8 +66,18 @@ class EngineWorker:
                               max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode,
                               prompt_chars_per_token=cfg.max_prompt_chars_per_token,
                               kv_capacity_tokens=eng.kv.pool.num_blocks * cfg.block_size,
-                              max_queued_requests=cfg.max_queued_requests, max_queued_tokens=cfg.max_queued_tokens)
+                              max_queued_requests=cfg.max_queued_requests, max_queued_tokens=cfg.max_queued_tokens,
+                              num_labels=eng.model.num_labels,
+                              id2label=_labels(eng.hf_config) if eng.model.classifier else {},
+                              problem_type=getattr(eng.hf_config, "problem_type", None))
         self.tokenizer = eng.tokenizer
+        # Serve's model multiplexing of LoRA adapters: an LRU of max_loras adapter names per replica that Serve
+        # reports to every router (the engine's own LRU of slots is the same size and loads on demand).
+        # A plain function, not a bound method: Serve keeps its LRU as an attribute of what it wraps.
+        async def hold_adapter(model_id: str) -> str:
+            return model_id
+
+        self._hold_adapter = serve.multiplexed(max_num_models_per_replica=cfg.max_loras)(hold_adapter)
         self._whole_calls = self._whole_requests = 0  # generate_whole's calls and the requests they held (stats)
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())
         self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
@@ -88,6 +104,9 @@ class EngineWorker:
         # aborts the request and frees its KV blocks.
         params = req.params
         eng = self.engine.engine
+        model_id = serve.get_multiplexed_model_id()
+        if model_id:  # a LoRA adapter's call: Serve records that this replica holds it (workers/router.py prefers it)
+            await self._hold_adapter(model_id)
 
         def convert(out: RequestOutput) -> GenerateChunk:  # in the engine thread, off this event loop
             self.metrics.on_output(params, out)
@@ -121,6 +140,18 @@ class EngineWorker:
     async def model_info(self) -> ModelInfo:
         return self.info
 
+    async def check_adapter(self, name: str, path: str) -> str | None:
+        """Why the adapter at `path` cannot be served (None: it can): read and checked against the model, in a
+        thread (reading safetensors takes a while), not loaded."""
+        lora = self.engine.engine.lora
+        if lora is None:
+            return "LoRA adapters are not served with tensor_parallel_size > 1."
+        try:
+            await asyncio.to_thread(lora.check, name, path)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
     # Every tokenizer call runs in a thread: tokenizing or templating a long text takes seconds, and this event
     # loop must keep answering health checks and streaming other requests meanwhile.
     def _untokenizable(self, text: str, what: str = "prompt") -> rules.Violation | None:
@@ -145,6 +176,10 @@ class EngineWorker:
             if broken is not None:
                 raise ValueError(broken.message)
         return await asyncio.to_thread(lambda: [self.tokenizer.encode(t, add_special_tokens=False) for t in texts])
+
+    async def adapters_registry(self) -> Any:
+        """A fresh handle on the deployment's adapter registry actor (the ingress's way to it, as for weights)."""
+        return await asyncio.to_thread(adapter_registry_actor)
 
     async def weights_registry(self) -> Any:
         """A fresh handle on the deployment's weight registry actor (the ingress's way to it: its name is Serve's,

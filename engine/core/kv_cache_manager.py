@@ -54,7 +54,7 @@ class KVCacheManager:
         """(blocks, their chained hashes) of the cached full blocks that start the request's first `limit`
         tokens."""
         bs = self.block_size
-        parent: int | None = None
+        parent: int | None = seq.cache_salt
         hits: list[int] = []
         hashes: list[int] = []
         for i in range(limit // bs):
@@ -78,7 +78,7 @@ class KVCacheManager:
         bs = self.block_size
         full = min(num_tokens // bs, len(seq.block_table))
         for i in range(len(seq.block_hashes), full):
-            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            parent = seq.block_hashes[-1] if seq.block_hashes else seq.cache_salt
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             h = block_hash(parent, tokens)
             seq.block_hashes.append(h)

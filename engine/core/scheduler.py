@@ -154,6 +154,8 @@ class Scheduler:
         if seq.params.scores_input and not self.hidden_state_store:
             # Without stored hidden states a scoring row needs its position computed: reuse only before N.
             limit = min(limit, seq.params.logprob_start_len)
+        if seq.pool_position is not None and not self.hidden_state_store:
+            limit = min(limit, seq.pool_position)  # likewise, the pooled row is computed
         return max(0, limit)
 
     def _preempt(self, seq: Sequence) -> None:

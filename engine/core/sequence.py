@@ -42,6 +42,12 @@ class Sequence:
         # Scoring rows produced so far (kept across preemption: recompute skips them). The rows themselves
         # go to the caller through the engine's per-request OutputState.
         self.num_scored_rows = 0
+        # A classify request's pooled position (transformers' last non-padding token), set by the engine.
+        self.pool_position: int | None = None
+        # A request with a LoRA adapter: its adapter's slot in the step's layers, and the seed of its block hashes,
+        # so the prefix cache never gives one adapter's (or the base's) blocks to another (None: the base model).
+        self.lora_slot: int | None = None
+        self.cache_salt: int | None = None
 
     # --- counters -------------------------------------------------------------------------------
     @property

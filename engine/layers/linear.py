@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.invariant.row_plan import Call, InvariantModeError, RowPlan, calibrate, run_pieces
+from engine.layers.lora import LoraSlots
 
 _ONEDNN = torch.backends.mkldnn.is_available()
 # Layers at least this wide (the LM head) take oneDNN, whatever the rows.
@@ -63,11 +64,14 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 class Linear(nn.Linear):
     # Set by engine.invariant.mode.set_batch_invariant: None in the default mode.
     row_plan: RowPlan | None = None
+    # Set by engine/runner/lora.py when adapters may target this linear: each row's adapter delta is added.
+    lora: LoraSlots | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.row_plan is not None:
             return invariant_linear(x, self.weight, self.bias, self.row_plan)
-        return linear(x, self.weight, self.bias)
+        y = linear(x, self.weight, self.bias)
+        return y if self.lora is None else self.lora.add(y, x)
 
     def calibrate(self, max_rows: int, name: str) -> RowPlan:
         return calibrate(linear_into(self.weight, self.bias), self.in_features, self.out_features,

@@ -25,9 +25,22 @@ MODEL_REGISTRY: dict[str, str] = {
 }
 
 
+# transformers' GenericForSequenceClassification: the family's decoder (checkpoint names under `model.`) and a
+# `score` head; architectures name -> the family's causal-LM name whose decoder it wraps.
+CLASSIFIER_SUFFIX = "ForSequenceClassification"
+_CLASSIFIER_OF: dict[str, str] = {
+    **{arch.replace("ForCausalLM", CLASSIFIER_SUFFIX): arch for arch in MODEL_REGISTRY},
+    "Gemma3TextForSequenceClassification": "Gemma3ForCausalLM",
+}
+
+
 def model_class(architectures: list[str] | None) -> type[LlamaForCausalLM]:
+    """The family class of a causal LM or of a classifier (the same class: LlamaForCausalLM.classifier says
+    which head it builds, from the config's architectures)."""
     for arch in architectures or []:
+        arch = _CLASSIFIER_OF.get(arch, arch)
         if arch in MODEL_REGISTRY:
             cls: type[LlamaForCausalLM] = getattr(import_module(f"engine.models.{MODEL_REGISTRY[arch]}"), arch)
             return cls
-    raise ValueError(f"unsupported model architecture {architectures}; supported: {sorted(MODEL_REGISTRY)}")
+    raise ValueError(f"unsupported model architecture {architectures}; supported: {sorted(MODEL_REGISTRY)} "
+                     f"and their classifiers {sorted(_CLASSIFIER_OF)}")

@@ -133,6 +133,11 @@ class DecoderModel(nn.Module):
         self.norm = norm
 
 
+def is_classifier(cfg: Any) -> bool:
+    """A `*ForSequenceClassification` checkpoint: a `score` head instead of the LM head (engine/models/__init__.py)."""
+    return any(str(a).endswith("ForSequenceClassification") for a in getattr(cfg, "architectures", None) or [])
+
+
 class LlamaForCausalLM(nn.Module):
     @staticmethod
     def attention_biases(cfg: Any) -> tuple[bool, bool]:
@@ -159,6 +164,24 @@ class LlamaForCausalLM(nn.Module):
         window = getattr(cfg, "sliding_window", None)
         return window if types and types[i] == "sliding_attention" and window else None
 
+    def lora_targets(self, i: int) -> dict[str, tuple[Linear, int, list[int]]]:
+        """Layer i's linears a LoRA adapter may target, by PEFT's module names: (the served, fused Linear, which of
+        its parts the module is, the output widths of its parts). An MoE layer's experts are not targets."""
+        layer = self.model.layers[i]
+        attn = layer.self_attn
+        assert attn.qkv_proj is not None, "fuse() after loading the weights"
+        q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+        targets = {name: (attn.qkv_proj, part, [q, kv, kv]) for part, name in enumerate(("q_proj", "k_proj", "v_proj"))}
+        targets["o_proj"] = (attn.o_proj, 0, [attn.o_proj.out_features])
+        mlp = layer.mlp
+        if isinstance(mlp, MLP):
+            assert mlp.gate_up_proj is not None
+            width = mlp.intermediate_size
+            targets["gate_proj"] = (mlp.gate_up_proj, 0, [width, width])
+            targets["up_proj"] = (mlp.gate_up_proj, 1, [width, width])
+            targets["down_proj"] = (mlp.down_proj, 0, [mlp.down_proj.out_features])
+        return targets
+
     def position_limit(self) -> int | None:
         """The most positions this engine computes as transformers does (LLMEngine caps max_model_len to it);
         None: no such limit. transformers recomputes two RoPE types from the forward's length: "dynamic" past
@@ -183,8 +206,15 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = DecoderModel(cfg, [self.make_layer(cfg, i) for i in range(cfg.num_hidden_layers)],
                                   self.norm_cls(cfg.hidden_size, cfg.rms_norm_eps))
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        # A classifier (transformers' GenericForSequenceClassification) has no LM head: `score`, a bias-free
+        # [num_labels x hidden] linear on the final-normed hidden state of the pooled position.
+        self.classifier = is_classifier(cfg)
+        self.num_labels = int(cfg.num_labels) if self.classifier else 0
+        if self.classifier:
+            self.score = Linear(cfg.hidden_size, self.num_labels, bias=False)
+        else:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False)) and not self.classifier
         self.ropes = self.make_ropes(cfg)
         # Gemma: embeddings times sqrt(hidden), in the weights' dtype as transformers rounds it; None: unscaled.
         self.embed_scale: float | None = None
@@ -219,6 +249,11 @@ class LlamaForCausalLM(nn.Module):
         """hidden: [R, hidden] rows as forward() returns them -> [R, vocab] raw logits in the model dtype.
         Callers pass only the rows they need (bounded blocks), never the whole batch."""
         return self._cap(self.lm_head(self.model.norm(hidden)))
+
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [R, hidden] pooled rows as forward() returns them -> [R, num_labels] float32 raw scores, as
+        transformers' score(norm(h)) (no soft-cap: transformers applies none to a classifier's head)."""
+        return self.score(self.model.norm(hidden)).float()
 
     def _cap(self, logits: torch.Tensor) -> torch.Tensor:
         """transformers' final soft-cap: divide, tanh, multiply (same ops, same order, so the same bits)."""

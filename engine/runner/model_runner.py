@@ -21,6 +21,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.outputs import TokenLogprob
 from engine.parallel.driver import TensorParallel
 from engine.runner.logprobs import row_scores, top_k_rows
+from engine.runner.lora import LoraManager
 from engine.runner.sampler import sample
 from engine.runner.scorer import RowRequest, RowScorer
 
@@ -38,6 +39,8 @@ class ChunkResult:
     sampled: int | None = None
     sampled_logprob: TokenLogprob | None = None
     sampled_top: list[TokenLogprob] | None = None
+    # A classify request's raw scores at its pooled position, when the chunk completes its prompt.
+    pooled: list[float] | None = None
 
 
 @dataclass
@@ -89,15 +92,21 @@ class StepPlan:
     scores: ScorePlan
     # (row in the flat batch, chunk index) of each row that samples.
     sample_rows: list[tuple[int, int]]
+    # (row in the flat batch or None, KV slot, chunk index) of each classify request's pooled position in this
+    # step; None: the position was computed before this step, its hidden state is read from the store by slot.
+    pool_rows: list[tuple[int | None, int, int]] = field(default_factory=list)
+    # (LoRA adapter slot, first row, end row) runs of the flat batch (requests on the base model have none).
+    lora_rows: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig, device: torch.device, num_blocks: int,
-                 parallel: TensorParallel | None = None) -> None:
+                 parallel: TensorParallel | None = None, lora: LoraManager | None = None) -> None:
         """parallel: rank 0's handle on the other ranks when the model is split (model is then this rank's
         shard); it announces each forward and runs the vocab-parallel LM head."""
         self.model = model
         self.parallel = parallel
+        self.lora = lora
         self.forwards = 0  # transformer forwards run (steps not served wholly from the cache)
         self.config = config
         self.device = device
@@ -135,6 +144,7 @@ class ModelRunner:
         results = [ChunkResult([], []) for _ in sched.chunks]
         self.score(hidden, plan.scores, results)
         self.sample(hidden, plan.sample_rows, sched, results, generators)
+        self.pool(hidden, plan.pool_rows, results)
         return results
 
     # --- prepare ----------------------------------------------------------------------------------
@@ -145,11 +155,17 @@ class ModelRunner:
         new_slots: list[torch.Tensor] = []
         meta = AttentionMetadata(slot_mapping=torch.empty(0), starts=[], lens=[], context_slots=[])
         layouts: list[ChunkLayout] = []
+        lora_rows: list[tuple[int, int, int]] = []
         offset = 0
         for chunk in sched.chunks:
             layout = self._layout(chunk, offset)
             seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
             if n > 0:
+                if seq.lora_slot is not None:
+                    if lora_rows and lora_rows[-1][0] == seq.lora_slot and lora_rows[-1][2] == offset:
+                        lora_rows[-1] = (seq.lora_slot, lora_rows[-1][1], offset + n)  # the same adapter goes on
+                    else:
+                        lora_rows.append((seq.lora_slot, offset, offset + n))
                 ids.extend(seq.token_ids[start:start + n])
                 positions.append(torch.arange(start, start + n, device=self.device))
                 new_slots.append(layout.slots[start:start + n])
@@ -165,7 +181,21 @@ class ModelRunner:
         samples = [(lay.offset + c.num_tokens - 1, ci)
                    for ci, (c, lay) in enumerate(zip(sched.chunks, layouts, strict=True)) if lay.samples]
         return StepPlan(torch.tensor(ids, device=self.device) if offset else None,
-                        torch.cat(positions) if offset else None, meta, scores, samples)
+                        torch.cat(positions) if offset else None, meta, scores, samples,
+                        self._plan_pools(sched.chunks, layouts), lora_rows)
+
+    @staticmethod
+    def _plan_pools(chunks: list[ScheduledChunk], layouts: list[ChunkLayout]) -> list[tuple[int | None, int, int]]:
+        """The pooled row of each classify request whose prompt this step completes (possibly with no new token:
+        a prompt served whole from the prefix cache)."""
+        rows: list[tuple[int | None, int, int]] = []
+        for ci, (chunk, lay) in enumerate(zip(chunks, layouts, strict=True)):
+            seq, pos = chunk.seq, chunk.seq.pool_position
+            if pos is None or chunk.start + chunk.num_tokens != seq.num_prompt_tokens:
+                continue
+            fresh = lay.offset + pos - chunk.start if pos >= chunk.start else None
+            rows.append((fresh, int(lay.slots[pos]), ci))
+        return rows
 
     def _layout(self, chunk: ScheduledChunk, offset: int) -> ChunkLayout:
         seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
@@ -218,6 +248,8 @@ class ModelRunner:
             if self.parallel is not None:
                 self.parallel.announce_forward(plan.input_ids, plan.positions, plan.meta)
             self.forwards += 1
+            if self.lora is not None:
+                self.lora.set_step(plan.lora_rows)
             hidden = self.model(plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.backend)  # [T, H]
             if self.hidden_store is not None:
                 self.hidden_store.index_copy_(0, plan.meta.slot_mapping, hidden)
@@ -243,6 +275,22 @@ class ModelRunner:
             result.score_token_ids = got.token_ids[at:at + count]
             result.score_ranks = got.ranks[at:at + count]
             at += count
+
+    def pool(self, hidden: torch.Tensor, rows: list[tuple[int | None, int, int]], results: list[ChunkResult]) -> None:
+        """Each classify request's raw scores, from its pooled row: of this step's forward, or (computed in an
+        earlier step or by another request whose blocks it shares) of the hidden-state store."""
+        if not rows:
+            return
+        picked = []
+        for fresh, slot, _ in rows:
+            if fresh is None:
+                assert self.hidden_store is not None, "pooled position cached without a hidden-state store"
+                picked.append(self.hidden_store[slot])
+            else:
+                picked.append(hidden[fresh])
+        scores = self.model.classify(torch.stack(picked)).tolist()  # [P, num_labels]
+        for (_, _, ci), row in zip(rows, scores, strict=True):
+            results[ci].pooled = row
 
     def sample(self, hidden: torch.Tensor, rows: list[tuple[int, int]], sched: SchedulerOutput,
                results: list[ChunkResult], generators: dict[str, torch.Generator]) -> None:

@@ -34,7 +34,7 @@ def rejection_reason(record: RequestRecord) -> str | None:
 class IngressMetrics:
     def __init__(self, replica: str) -> None:
         self._requests = Counter("rayscore_requests_total", "HTTP requests answered, by route, kind (scoring: "
-                                 "max_tokens 0; generation; none), finish reason and HTTP status.",
+                                 "max_tokens 0; generation; classify; none), finish reason and HTTP status.",
                                  tag_keys=(*TAGS, "kind", "finish_reason", "status"))
         self._rejections = Counter("rayscore_rejections_total", "HTTP requests refused (4xx, 429, 503), by reason.",
                                    tag_keys=(*TAGS, "reason"))
@@ -57,5 +57,5 @@ class IngressMetrics:
             self._ttfb.observe(r.first_byte_s, tags=tags)
         if r.latency_s is not None:
             self._latency.observe(r.latency_s, tags=tags)
-            if r.kind == "scoring" and r.status == 200 and r.prompt_tokens and r.latency_s > 0:
+            if r.kind in ("scoring", "classify") and r.status == 200 and r.prompt_tokens and r.latency_s > 0:
                 self._scoring_rate.observe(r.prompt_tokens / r.latency_s, tags=tags)

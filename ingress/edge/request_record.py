@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingress.backend import Backend
-from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo
+from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 
 
 @dataclass
@@ -26,7 +26,7 @@ class RequestRecord:
     started: float = field(default_factory=time.monotonic)
     status: int = 0
     model: str = ""
-    kind: str = ""  # "scoring" (max_tokens 0), "generation", or "" when no worker request was made
+    kind: str = ""  # "scoring" (max_tokens 0), "generation", "classify", or "" when no worker request was made
     finish_reason: str = ""  # the last worker stream's finish type ("" when none finished)
     prompt_tokens: int = 0  # summed over the request's worker streams (a /v1/completions batch has several)
     completion_tokens: int = 0
@@ -71,7 +71,7 @@ class RecordingBackend:
     async def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         record = _current.get()
         if record is not None:
-            record.kind = "scoring" if req.params.max_tokens == 0 else "generation"
+            record.kind = _kind(req.params)
         inner = self._backend.stream(req)
         try:
             async for chunk in inner:
@@ -88,7 +88,7 @@ class RecordingBackend:
         record = _current.get()
         if record is not None:
             for req in reqs:
-                record.kind = "scoring" if req.params.max_tokens == 0 else "generation"
+                record.kind = _kind(req.params)
         wholes = await self._backend.answers(reqs)
         if record is not None:
             for whole in wholes:
@@ -101,3 +101,7 @@ class RecordingBackend:
     def __getattr__(self, name: str) -> Any:
         # ready, tokenize, detokenize, token_texts, tokenizer_info: nothing to record.
         return getattr(self._backend, name)
+
+
+def _kind(params: SamplingParams) -> str:
+    return "classify" if params.classify else "scoring" if params.max_tokens == 0 else "generation"

@@ -8,9 +8,11 @@ from collections.abc import AsyncGenerator
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from ingress.adapters.select import adapter_by_name
 from ingress.backend import Backend
+from ingress.classify.validation import check_causal
 from ingress.edge.openapi import error_responses
-from ingress.errors import JSONAnswer
+from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.generate.render import chunk_json, error_json, sse_event
 from ingress.generate.schemas import ErrorBody as ErrorModel
 from ingress.generate.schemas import GenerateBody, GenerateResponse
@@ -37,6 +39,8 @@ class GenerateRoutes:
         as one unit so the prefix cache shares what they have in common. Streamed, each is its own worker stream;
         not streamed, all go in one unary worker call (Batch.answers), the cheapest way through Serve."""
         info = await self._backend.model_info()
+        check_causal(info, "/generate")
+        batch.adapter = await adapter_by_name(self._backend, *_adapter_field(body))
         items = split_batch(body)
         if items is None:
             validate(body, info)
@@ -52,6 +56,19 @@ class GenerateRoutes:
         if items is None:
             return JSONAnswer(chunk_json(wholes[0], flat))
         return JSONAnswer([chunk_json(whole, flat) for whole in wholes])
+
+
+def _adapter_field(body: GenerateBody) -> tuple[str | None, str]:
+    """(the adapter's name, the field that named it): our `adapter` or SGLang's `lora_path` (for a batch, one name
+    for every item: a request runs with one adapter)."""
+    if body.adapter is not None and body.lora_path is not None:
+        raise InvalidRequest("Send the adapter in `adapter` or in SGLang's `lora_path`, not both.", param="lora_path")
+    if body.lora_path is None or isinstance(body.lora_path, str):
+        return (body.adapter, "adapter") if body.adapter is not None else (body.lora_path, "lora_path")
+    names = set(body.lora_path)
+    if len(names) > 1:
+        raise InvalidRequest("The lora_path of a batch must name one adapter for every item.", param="lora_path")
+    return names.pop() if names else None, "lora_path"
 
 
 async def _events(firsts: list[GenerateChunk], batch: Batch, indexed: bool, flat: bool = False

@@ -18,11 +18,15 @@ class GenerateBody(BaseModel):
     # mode would take [true] as [1]); ints are still accepted where a float belongs.
     # allow_inf_nan=False: Python's JSON parser accepts NaN/Infinity, which no sampling value can mean.
     # extra="ignore": clients of LMDeploy/SGLang send fields this server has no use for (session_id,
-    # lora_path, ...); ignoring them is harmless, whereas a 422 would break those clients for nothing.
+    # ...); ignoring them is harmless, whereas a 422 would break those clients for nothing.
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
     # A list of lists (of strings) is a batch, as SGLang takes it: one worker request per item, the answer a
     # list in the items' order (docs/api.md, "/generate batches").
+    adapter: str | None = Field(None, description="The LoRA adapter to run with, by name (GET /v1/models lists "
+                                "them); null: the base model.")
+    lora_path: str | list[str | None] | None = Field(None, description="SGLang's name for `adapter` (a batch's list "
+                                                    "must name one adapter).")
     input_ids: list[int] | list[list[int]] | None = Field(
         None, description="The prompt as token ids, or a batch of them (a list of id lists); exactly one of "
         "input_ids / prompt."

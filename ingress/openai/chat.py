@@ -17,7 +17,9 @@ from dataclasses import dataclass, replace
 from fastapi import Request
 from starlette.responses import Response
 
+from ingress.adapters.select import adapter_for_model
 from ingress.backend import Backend
+from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle
@@ -119,7 +121,9 @@ class ChatRoutes:
 
     async def _chat(self, body: ChatBody, batch: Batch) -> Response:
         info = await self._backend.model_info()
-        settings = validate_chat(body, info)
+        batch.adapter = await adapter_for_model(self._backend, body.model, info)
+        settings = validate_chat(body.model_copy(update={"model": None}), info)
+        check_causal(info, "/v1/chat/completions")
         prompt = await self._backend.apply_chat_template(settings.messages)
         if prompt.error is not None:
             raise InvalidRequest(prompt.error, param="messages")

@@ -17,7 +17,9 @@ from dataclasses import dataclass, replace
 from fastapi import Request
 from starlette.responses import Response
 
+from ingress.adapters.select import adapter_for_model
 from ingress.backend import Backend
+from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer, enforce
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
@@ -130,7 +132,9 @@ class CompletionRoutes:
 
     async def _complete(self, body: CompletionBody, batch: Batch) -> Response:
         info = await self._backend.model_info()
-        settings = validate_completion(body, info)
+        batch.adapter = await adapter_for_model(self._backend, body.model, info)
+        settings = validate_completion(body.model_copy(update={"model": None}), info)
+        check_causal(info, "/v1/completions")
         items = prompt_items(body.prompt)
         batch.check_fan_out(len(items))  # counted from the body: before any text is tokenized
         ids_list = await self._ids(items, info)

@@ -5,6 +5,7 @@
   prompt's logprobs (exact, from the engine's scoring path) and then the completion's.
 - POST /v1/chat/completions (chat.py): chat completions over the tokenizer's chat template.
 - POST /v1/score (score.py): SGLang's label-token scoring of query+item pairs.
+- POST /classify, POST /pooling (ingress/classify/): a classifier's scores, in vLLM's and SGLang's shapes.
 - GET /v1/models; POST /tokenize, POST /detokenize, GET /tokenizer_info (vLLM's shapes: lm-eval's remote
   tokenizer uses them).
 Every error has OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 for a value the
@@ -22,6 +23,8 @@ from fastapi.routing import APIRoute
 from starlette.responses import Response
 
 from ingress.backend import Backend
+from ingress.classify.routes import ClassifyRoutes
+from ingress.classify.schemas import ClassificationResponse, PoolingResponse, SGLangClassifyAnswer
 from ingress.edge.openapi import error_responses
 from ingress.errors import InvalidRequest, JSONAnswer, bounded_errors
 from ingress.lifecycle import Lifecycle
@@ -74,6 +77,7 @@ def openai_router(backend: Backend, settings: IngressSettings | None = None,
     chat = ChatRoutes(backend, lifecycle)
     score = ScoreRoutes(backend, lifecycle)
     routes = TokenizerRoutes(backend, lifecycle)
+    classify = ClassifyRoutes(backend, lifecycle)
     router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI-compatible"])
     streamed = "One JSON answer, or with `stream` OpenAI chunks ending in [DONE]."
     router.add_api_route(
@@ -90,6 +94,15 @@ def openai_router(backend: Backend, settings: IngressSettings | None = None,
         "/v1/score", score.score, methods=["POST"], response_model=None,
         summary="SGLang's scoring: the label tokens' next-token probabilities after each query+item",
         responses={200: {"model": ScoreResponse}, **_MODEL_ERRORS})
+    router.add_api_route(
+        "/classify", classify.classify, methods=["POST"], response_model=None,
+        summary="A classifier's scores: vLLM's body (`input`) or SGLang's (`text` / `input_ids`)",
+        responses={200: {"model": ClassificationResponse | SGLangClassifyAnswer | list[SGLangClassifyAnswer]},
+                   **_MODEL_ERRORS})
+    router.add_api_route(
+        "/pooling", classify.pooling, methods=["POST"], response_model=None,
+        summary="vLLM's pooling of a classifier: each prompt's activated (or raw) scores",
+        responses={200: {"model": PoolingResponse}, **_MODEL_ERRORS})
     router.add_api_route("/v1/models", routes.models, methods=["GET"], response_model=None,
                          summary="The served model",
                          responses={200: {"model": ModelList}, **error_responses(OpenAIErrorBody)})

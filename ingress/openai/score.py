@@ -22,7 +22,9 @@ import uuid
 from fastapi import Request
 from starlette.responses import Response
 
+from ingress.adapters.select import adapter_for_model
 from ingress.backend import Backend
+from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle
@@ -99,7 +101,9 @@ class ScoreRoutes:
 
     async def _score(self, body: ScoreBody, batch: Batch) -> Response:
         info = await self._backend.model_info()
-        query, items = validate_score(body, info)
+        batch.adapter = await adapter_for_model(self._backend, body.model, info)
+        query, items = validate_score(body.model_copy(update={"model": None}), info)
+        check_causal(info, "/v1/score")
         labels = body.label_token_ids or []
         batch.check_fan_out(len(items) * len(labels))  # counted from the body: before any text is tokenized
         prompts = await self._prompts(query, items, body.item_first, info)

@@ -31,7 +31,10 @@ class TokenizerRoutes:
             info = await self._backend.model_info()
             card = {"id": info.model_name, "object": "model", "created": int(time.time()), "owned_by": "rayscore",
                     "max_model_len": info.max_model_len}
-            return {"object": "list", "data": [card]}
+            # LoRA adapters as vLLM lists them: their own cards, rooted at their folder, the served model as parent.
+            adapters = [{**card, "id": name, "root": path, "parent": info.model_name}
+                        for name, path in (await self._backend.adapters()).items()]
+            return {"object": "list", "data": [card, *adapters]}
 
         return await self._run(request, answer)
 

@@ -65,8 +65,8 @@ def weights_router(backend: Backend) -> APIRouter:
 
     async def model_info() -> Response:
         info = await backend.model_info()
-        return JSONAnswer({"model_path": info.model_name, "tokenizer_path": info.model_name, "is_generation": True,
-                           "weight_version": await backend.weight_version()})
+        return JSONAnswer({"model_path": info.model_name, "tokenizer_path": info.model_name,
+                           "is_generation": not info.classifier, "weight_version": await backend.weight_version()})
 
     def responses(body: bool) -> dict[int | str, dict[str, Any]]:
         out = error_responses(OpenAIErrorBody, body=body, own_422=False)

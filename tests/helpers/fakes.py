@@ -132,6 +132,20 @@ class FakeBackend:
     async def weight_version(self) -> str:
         return self.version
 
+    # LoRA adapters: an in-memory registry (the real one is a Ray actor: workers/adapter_registry.py).
+    async def adapters(self) -> dict[str, str]:
+        return dict(getattr(self, "adapter_paths", {}))
+
+    async def load_adapter(self, name: str, path: str) -> str | None:
+        paths = self.__dict__.setdefault("adapter_paths", {})
+        if name in paths:
+            return f"The adapter {name!r} is already loaded."
+        paths[name] = path
+        return None
+
+    async def unload_adapter(self, name: str) -> bool:
+        return self.__dict__.setdefault("adapter_paths", {}).pop(name, None) is not None
+
 
 def client(backend: FakeBackend) -> httpx.AsyncClient:
     app = build_fastapi_app(backend)

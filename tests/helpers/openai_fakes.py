@@ -13,7 +13,15 @@ import httpx
 
 from ingress.app import build_fastapi_app
 from tests.helpers.fakes import FakeBackend
-from workers.protocol import ChatPrompt, FinishReason, GenerateChunk, GenerateRequest, ModelInfo, TokenizerInfo
+from workers.protocol import (
+    ChatPrompt,
+    FinishReason,
+    GenerateChunk,
+    GenerateRequest,
+    ModelInfo,
+    TokenizerInfo,
+    error_chunk,
+)
 
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=64, logprobs_mode="raw_logprobs")
 
@@ -34,7 +42,11 @@ def rank(token: int) -> int:
 
 def model(req: GenerateRequest):
     """Scores ids[N+1:] in the first chunk, then generates id = previous + 1, one token per chunk."""
-    ids = list(req.input_ids or [])
+    # A text prompt is tokenized as the fake tokenizer does (Backend.tokenize); an empty one is the worker's 400.
+    ids = list(req.input_ids) if req.input_ids is not None else [ord(c) - 32 for c in req.prompt or ""]
+    if not ids:
+        yield error_chunk(req.rid, "The prompt must not be an empty string", 400)
+        return
     k = req.params.top_logprobs_num
     rows = tops = ranks = None
     if req.params.logprob_start_len >= 0:

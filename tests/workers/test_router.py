@@ -217,3 +217,29 @@ async def test_a_whole_batch_call_follows_its_first_requests_prefix() -> None:
     assert router._request_hashes(pending("generate_whole", batch)) == block_hashes(batch[0].input_ids, BS)
     assert await route(router, pending("generate_whole", batch)) == first
     assert router._request_hashes(pending("generate_whole", [])) == []
+
+
+# --- LoRA adapters: keyed hashes, replicas holding the adapter first ------------------------------
+
+
+def test_adapter_keys_the_block_hashes() -> None:
+    ids = toks(12, 0)
+    assert block_hashes(ids, BS, "a") != block_hashes(ids, BS)
+    assert block_hashes(ids, BS, "a") != block_hashes(ids, BS, "b")
+    assert block_hashes(ids, BS, "a") == block_hashes(ids, BS, "a")
+
+
+def test_replicas_holding_the_adapter_first() -> None:
+    from types import SimpleNamespace
+
+    from workers.router import PrefixAwareRouter
+
+    replicas = [SimpleNamespace(multiplexed_model_ids=held) for held in ({"a"}, {"b"}, set())]
+
+    def pending(model_id: str) -> SimpleNamespace:
+        return SimpleNamespace(metadata=SimpleNamespace(multiplexed_model_id=model_id))
+
+    choose = PrefixAwareRouter._holding_adapter
+    assert choose(replicas, pending("b")) == [replicas[1]]  # type: ignore[arg-type]
+    assert choose(replicas, pending("c")) == replicas  # type: ignore[arg-type]  # nobody has it: any loads it
+    assert choose(replicas, pending("")) == replicas  # type: ignore[arg-type]  # the base model

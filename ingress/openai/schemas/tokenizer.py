@@ -33,6 +33,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str
     max_model_len: int
+    root: str | None = Field(None, description="A LoRA adapter's folder.")
+    parent: str | None = Field(None, description="A LoRA adapter's base model.")
 
 
 class ModelList(BaseModel):

@@ -1,0 +1,32 @@
+"""Which LoRA adapter a request runs with: the OpenAI `model` field naming an adapter (as vLLM), SGLang's
+`lora_path` and our `adapter` field on /generate. Resolved against the deployment's registry (Backend.adapters),
+so the request carries the adapter's folder and any worker replica can serve it."""
+
+from __future__ import annotations
+
+from ingress.backend import Backend
+from ingress.errors import InvalidRequest, NotFound
+from workers.protocol import ModelInfo
+
+
+async def adapter_for_model(backend: Backend, model: str | None, info: ModelInfo) -> tuple[str, str] | None:
+    """The OpenAI `model` field: the served model's name (or none) -> the base model; an adapter's name -> that
+    adapter (name, folder); anything else -> 404 naming what is served."""
+    if model is None or model == info.model_name:
+        return None
+    paths = await backend.adapters()
+    if model in paths:
+        return model, paths[model]
+    raise NotFound(f"The model `{model}` does not exist: this server serves `{info.model_name}` and the LoRA "
+                   f"adapters {sorted(paths)} (GET /v1/models).", param="model")
+
+
+async def adapter_by_name(backend: Backend, name: str | None, param: str) -> tuple[str, str] | None:
+    """/generate's `adapter` or SGLang's `lora_path`: an adapter's name (400 naming the field when unknown)."""
+    if name is None:
+        return None
+    paths = await backend.adapters()
+    if name not in paths:
+        raise InvalidRequest(f"The {param} {name!r} names no loaded LoRA adapter; loaded: {sorted(paths)} "
+                             "(POST /load_lora_adapter loads one).", param=param)
+    return name, paths[name]

@@ -1,0 +1,69 @@
+"""LoRA adapters through the Serve app on 2 workers (real local Ray cluster, HTTP): an adapter from the config and
+one loaded at run time (vLLM's route) are each scored within 1e-4 of transformers + PEFT, beside the base model's
+rows, by /generate (`adapter`, SGLang's `lora_path`; the OpenAI `model` field:
+tests/ingress/test_adapter_routes.py); a repeat of an adapter's prompt
+is routed to the replica holding the adapter and its prefix (Serve multiplexing + the prefix router); an adapter
+over max_lora_rank is a 400 naming it; an unloaded adapter is refused."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+
+import httpx
+from ray import serve
+
+from tests.helpers.engine import rand_ids
+from tests.helpers.reference import hf_scores
+from tests.helpers.serve import app_args, deploy
+from tests.helpers.tiny_adapters import build_adapter, peft_scores
+
+ATOL = 1e-4
+
+
+def _rows(url: str, ids: list[int], **fields: object) -> dict:
+    body = {"input_ids": ids, "max_tokens": 0, "return_logprob": True, "logprob_start_len": 0, **fields}
+    r = httpx.post(f"{url}/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["meta_info"]
+
+
+def _close(rows: list, want: list[float]) -> float:
+    return max(abs(v - w) for (v, _), w in zip(rows, want, strict=True))
+
+
+def test_adapters_served_and_routed(serve_url: str, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    base = tiny_models["llama"]
+    a = build_adapter(tmp_path / "a", base, rank=4, seed=11)
+    b = build_adapter(tmp_path / "b", base, rank=8, seed=12, targets=["q_proj", "v_proj", "up_proj", "down_proj"])
+    big = build_adapter(tmp_path / "big", base, rank=32, seed=13)
+    name = "lora"
+    deploy(name, f"/{name}", app_args(model=str(base), model_name="tiny", num_workers=2, kv_cache_mb=8,
+                                      prefix_aware_routing=True, lora_adapters={"a": str(a)}))
+    url = f"{serve_url}/{name}"
+    try:
+        r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": str(b)}, timeout=60)
+        assert r.status_code == 200 and "added successfully" in r.text, r.text
+        models = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]]
+        assert models == ["tiny", "a", "b"]
+
+        ids = rand_ids(20, seed=14)
+        asks = [{}, {"adapter": "a"}, {"lora_path": "b"}]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:  # base and both adapters at once
+            metas = list(pool.map(lambda f: _rows(url, ids, **f), asks))
+        assert _close(metas[0]["input_token_logprobs"], hf_scores(base, ids, 0)) <= ATOL
+        assert _close(metas[1]["input_token_logprobs"], peft_scores(base, a, ids, 0)) <= ATOL
+        assert _close(metas[2]["input_token_logprobs"], peft_scores(base, b, ids, 0)) <= ATOL
+        for _ in range(3):  # routed to the replica holding b and this prefix: served from its cache
+            again = _rows(url, ids, adapter="b")
+            assert again["cached_tokens"] == 16 and _close(again["input_token_logprobs"],
+                                                           peft_scores(base, b, ids, 0)) <= ATOL
+
+        r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "big", "lora_path": str(big)}, timeout=60)
+        assert r.status_code == 400 and "max_lora_rank" in r.text, r.text
+        r = httpx.post(f"{url}/unload_lora_adapter", json={"lora_name": "b"}, timeout=60)
+        assert r.status_code == 200 and r.json()["loaded_adapters"] == {"a": str(a)}, r.text
+        r = httpx.post(f"{url}/generate", json={"input_ids": ids, "max_tokens": 1, "adapter": "b"}, timeout=60)
+        assert r.status_code == 400 and "'b' names no loaded LoRA adapter" in r.text, r.text
+    finally:
+        serve.delete(name)
