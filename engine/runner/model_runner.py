@@ -14,14 +14,15 @@ import torch
 from engine.config import EngineConfig
 from engine.core.scheduler import ScheduledChunk, SchedulerOutput
 from engine.core.sequence import Sequence
-from engine.invariant.attention import InvariantPagedAttention
 from engine.invariant.mode import StepLimits, set_batch_invariant
-from engine.layers.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from engine.layers.attention import AttentionBackend, AttentionMetadata, VarlenPagedAttention
 from engine.models.llama import LlamaForCausalLM
 from engine.outputs import TokenLogprob
 from engine.parallel.driver import TensorParallel
+from engine.runner.attention_choice import choose_attention
 from engine.runner.logprobs import row_scores, top_k_rows
 from engine.runner.sampler import sample
+from engine.runner.score_chunks import score_chunk_rows
 from engine.runner.scorer import RowRequest, RowScorer
 
 
@@ -105,7 +106,7 @@ class ModelRunner:
             raise ValueError(f"batch_invariant is not available for {type(model).__name__}: the mode does not cover "
                              f"{'; '.join(blockers)}")
         set_batch_invariant(model, self.invariant, StepLimits.of(config))
-        self.backend: AttentionBackend = InvariantPagedAttention() if self.invariant else TorchPagedAttention()
+        self.backend: AttentionBackend = choose_attention(config, model, device)
         num_slots = num_blocks * self.block_size
         shape = (num_slots, model.num_kv_heads, model.head_dim)
         # One [slots, Hkv, D] tensor per layer for K and for V; slot = block * block_size + offset.
@@ -118,7 +119,9 @@ class ModelRunner:
         store = config.hidden_state_store and config.enable_prefix_cache
         self.hidden_store = (torch.zeros(num_slots, model.hidden_size, dtype=model.dtype, device=device)
                              if store else None)
-        self.scorer = RowScorer(model, config.logprobs_mode, config.score_rows_per_block, num_slots, device,
+        # After the KV cache and the store: the chunk size on CUDA follows the memory they leave.
+        self.score_rows = score_chunk_rows(config, int(model.config.vocab_size), device)
+        self.scorer = RowScorer(model, config.logprobs_mode, self.score_rows, num_slots, device,
                                 lse_store=store, batch_invariant=self.invariant, parallel=parallel)
 
     @staticmethod
@@ -153,11 +156,13 @@ class ModelRunner:
                 meta.starts.append(start)
                 meta.lens.append(n)
                 meta.context_slots.append(layout.slots[:start + n])
+                meta.block_tables.append(seq.block_table)
             layouts.append(layout)
             offset += n
         if offset > 0:
             meta.slot_mapping = torch.cat(new_slots)
-            meta.finalize(self.device, self.model.dtype)
+            if not isinstance(self.backend, VarlenPagedAttention):  # it reads the block tables instead
+                meta.finalize(self.device, self.model.dtype)
         scores = self._plan_scores(sched.chunks, layouts, offset)
         samples = [(lay.offset + c.num_tokens - 1, ci)
                    for ci, (c, lay) in enumerate(zip(sched.chunks, layouts, strict=True)) if lay.samples]
