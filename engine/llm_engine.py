@@ -66,7 +66,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
                                    hidden_state_store=config.hidden_state_store,
                                    long_prefill_token_threshold=config.long_prefill_token_threshold)
-        self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel)
+        self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel, self.max_model_len)
         if self.parallel is not None:
             self.parallel.start(num_blocks)
         self.detokenizer = Detokenizer(self.tokenizer)
