@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -141,13 +142,36 @@ def kernel_blocker(device: torch.device, dtype: torch.dtype, block_size: int, he
         return f"the flash kernel takes bfloat16/float16, not {dtype}"
     if softcap:
         return "the flash kernel has no attention soft-cap (Gemma 2)"
+    return probe(varlen_attention_cuda, device, dtype, block_size, head_dim)
+
+
+def triton_blocker(device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int) -> str | None:
+    """Why our Triton kernel (engine/layers/varlen_triton.py) cannot run here; None: it can (probed)."""
+    from engine.layers import varlen_triton
+
+    if device.type != "cuda":
+        return "no CUDA device"
+    if not varlen_triton.available():
+        return "triton is not installed"
+    return probe(varlen_triton.varlen_attention_triton, device, dtype, block_size, head_dim, softcap=True)
+
+
+def probe(kernel: Any, device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int,
+          softcap: bool = False) -> str | None:
+    """None when the kernel runs a tiny paged step (two requests, one crossing a block boundary; with a window,
+    and a soft-cap when asked) and agrees with the reference; else why not."""
     try:
-        return _probe(device, dtype, block_size, head_dim)
+        for window, cap in ((None, None), (3, 2.0 if softcap else None)):
+            err = _probe_error(kernel, device, dtype, block_size, head_dim, window, cap)
+            if err >= 2e-2:
+                return f"{kernel.__name__} differs from the reference on a probe call by {err:.3g}"
+        return None
     except Exception as e:  # noqa: BLE001  # any refusal of the kernel means: not usable here
-        return f"varlen_attn failed on a probe call: {type(e).__name__}: {e}"
+        return f"{kernel.__name__} failed on a probe call: {type(e).__name__}: {e}"[:300]
 
 
-def _probe(device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int) -> str | None:
+def _probe_error(kernel: Any, device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int,
+                 window: int | None, softcap: float | None) -> float:
     g = torch.Generator(device="cpu").manual_seed(0)
     hq, hkv, blocks = 4, 2, 4
     kp, vp = (torch.randn(blocks, block_size, hkv, head_dim, generator=g).to(device, dtype) for _ in range(2))
@@ -156,7 +180,6 @@ def _probe(device: torch.device, dtype: torch.dtype, block_size: int, head_dim: 
     inputs = VarlenInputs.build(starts, lens, [[2, 0], [1, 3, 0]], device)
     args = (q, kp, vp, inputs.cu_seqlens_q, inputs.seqused_k, inputs.block_table, inputs.max_seqlen_q,
             inputs.max_seqlen_k, head_dim ** -0.5)
-    got = varlen_attention_cuda(*args).float()
-    want = varlen_attention_reference(*args).float()
-    err = (got - want).abs().max().item()
-    return None if err < 2e-2 else f"varlen_attn differs from the reference on a probe call by {err:.3g}"
+    got = kernel(*args, window=window, softcap=softcap).float()
+    want = varlen_attention_reference(*args, window=window, softcap=softcap).float()
+    return (got - want).abs().max().item()

@@ -17,7 +17,7 @@ from engine.core.scheduler import ScheduledChunk, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.invariant.mode import StepLimits, set_batch_invariant
 from engine.layers.attention import AttentionBackend, AttentionMetadata, VarlenPagedAttention
-from engine.layers.varlen import varlen_attention_cuda
+from engine.layers.varlen import varlen_attention_reference
 from engine.models.llama import LlamaForCausalLM
 from engine.outputs import TokenLogprob
 from engine.parallel.driver import TensorParallel
@@ -132,8 +132,8 @@ class ModelRunner:
         self.scorer = RowScorer(model, config.logprobs_mode, self.score_rows, num_slots, device,
                                 lse_store=store, batch_invariant=self.invariant, parallel=parallel)
         self.graphs: DecodeGraphs | None = None
-        if (varlen and self.backend.kernel is varlen_attention_cuda and config.cuda_graphs and parallel is None
-                and device.type == "cuda"):
+        if (varlen and self.backend.kernel is not varlen_attention_reference and config.cuda_graphs
+                and parallel is None and device.type == "cuda"):
             self.graphs = self.decode_graphs(num_blocks, max_model_len, capture=True)
 
     def decode_graphs(self, num_blocks: int, max_model_len: int | None, capture: bool) -> DecodeGraphs | None:

@@ -4,6 +4,8 @@ bucket must leave every real row's values and tokens as they are without it, and
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -40,13 +42,26 @@ def _with_graphs(eng: LLMEngine) -> list[int]:
     return used
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_padded_decode_equals_unpadded_and_transformers(tiny_models, family: str) -> None:
+def _triton_runs() -> bool:
+    from engine.layers.varlen_triton import available
+
+    return available() and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@pytest.mark.parametrize(("family", "kernel"), [
+    ("llama", "reference"), ("qwen2", "reference"),
+    pytest.param("llama", "triton", marks=pytest.mark.skipif(not _triton_runs(), reason="needs triton, and CUDA "
+                                                                                        "or TRITON_INTERPRET=1"))])
+def test_padded_decode_equals_unpadded_and_transformers(tiny_models, family: str, kernel: str) -> None:
     path = tiny_models[family]
     prompts = [rand_ids(n, seed=50 + n) for n in (3, 11, 26)]  # three requests: bucket 4, one padding row
     params = greedy(10, k=3)
     plain = make_engine(path, attention_backend="varlen", max_num_seqs=8).generate(prompts, params, check=True)
     eng = make_engine(path, attention_backend="varlen", max_num_seqs=8)
+    if kernel == "triton":  # the static buffers (fixed table width, scratch block) through our kernel
+        from engine.layers.varlen_triton import varlen_attention_triton
+
+        eng.runner.backend.kernel = varlen_attention_triton
     used = _with_graphs(eng)
     padded = eng.generate(prompts, params, check=True)
     assert 4 in used and all(b in decode_buckets(8) for b in used)

@@ -5,6 +5,8 @@ chunks after a cached context, prefix hits, decodes, sliding windows, soft-cap, 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -136,3 +138,44 @@ def test_cuda_kernel_matches_reference(window: int | None) -> None:
     meta.plans.clear()
     got = VarlenPagedAttention(BS, varlen_attention_cuda).forward(q, k, v, kc, vc, meta, 0.3, window=window)
     assert (got.float() - want.float()).abs().max().item() < 2e-2
+
+
+def _triton_runs() -> bool:
+    """The Triton kernel runs on CUDA, or on CPU in Triton's interpreter (TRITON_INTERPRET=1, triton installed)."""
+    from engine.layers.varlen_triton import available
+
+    return available() and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@pytest.mark.skipif(not _triton_runs(), reason="needs triton, and CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (3, None), (5, 2.0)])
+def test_triton_kernel_is_the_reference(case: str, window: int | None, softcap: float | None) -> None:
+    from engine.layers.varlen_triton import varlen_attention_triton
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    starts, lens = CASES[case]
+    q, k, v, kc, vc, meta = _step(starts, lens)
+    q, k, v, kc, vc = (t.to(dev) for t in (q, k, v, kc, vc))
+    meta.slot_mapping = meta.slot_mapping.to(dev)
+    want = VarlenPagedAttention(BS).forward(q, k, v, kc.clone(), vc.clone(), meta, 0.3, window=window,
+                                            softcap=softcap)
+    meta.plans.clear()
+    got = VarlenPagedAttention(BS, varlen_attention_triton).forward(q, k, v, kc, vc, meta, 0.3, window=window,
+                                                                    softcap=softcap)
+    assert (got - want).abs().max().item() < 1e-5  # float32: IEEE products, no TF32
+
+
+@pytest.mark.skipif(not _triton_runs(), reason="needs triton, and CUDA or TRITON_INTERPRET=1")
+def test_probe_accepts_the_triton_kernel_and_names_a_wrong_one() -> None:
+    from engine.layers.varlen import probe
+    from engine.layers.varlen_triton import varlen_attention_triton
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    assert probe(varlen_attention_triton, dev, dtype, BS, 16, softcap=True) is None
+
+    def no_window(*args, window=None, softcap=None):  # noqa: ANN001, ANN002, ANN202
+        return varlen_attention_triton(*args, window=None, softcap=softcap)
+
+    assert "differs from the reference" in (probe(no_window, dev, dtype, BS, 16) or "")
