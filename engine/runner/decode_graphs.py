@@ -104,6 +104,7 @@ class DecodeGraphs:
                                                      self.block_table[:b], 1, self.max_blocks * self.block_size)
         return self.forward(self.input_ids[:b], self.positions[:b], meta)
 
+    @torch.inference_mode()  # as the steps that replay them: no autograd state recorded into the graphs
     def _capture_all(self, hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
         """Largest bucket first, all in one memory pool, so the smaller graphs reuse the largest one's blocks."""
         pool = None
