@@ -13,8 +13,11 @@ from rulebook.limits import MAX_LOGPROB_ENTRIES, MAX_TOP_LOGPROBS
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "none"]
 DType = Literal["float32", "bfloat16", "float16"]
+AttentionChoice = Literal["auto", "torch", "varlen"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# Scoring chunk rows where none is derived (CPU, batch-invariant mode): engine/runner/score_chunks.py.
+CPU_SCORE_ROWS = 256
 
 
 def _doc(default: Any, doc: str) -> Any:
@@ -39,10 +42,12 @@ class EngineConfig:
                                                     "before the other requests have had theirs (the budget left "
                                                     "then goes back to it): a short request is not held behind a "
                                                     "long prompt. Default: max_num_batched_tokens / 4.")
-    # The LM head + log-softmax of scoring runs over blocks of this many rows: the extra memory of
-    # scoring is bounded by score_rows_per_block x vocab floats whatever the prompt length.
-    score_rows_per_block: int = _doc(256, "Rows per LM-head block when scoring: bounds scoring's extra memory "
-                                     "to rows x vocab floats.")
+    # The LM head + log-softmax of scoring runs over chunks of this many rows: the extra memory of scoring is
+    # bounded by rows x vocab x 12 bytes whatever the prompt length (engine/runner/score_chunks.py).
+    score_rows_per_block: int | None = _doc(None, "Rows per LM-head chunk when scoring: bounds scoring's extra "
+                                            "memory to rows x vocab x 12 bytes. Default: 256 on CPU (and in "
+                                            "batch-invariant mode); on CUDA as many as fit in a quarter of the "
+                                            "memory free once the KV cache is allocated, at most 8192.")
     # processed_logprobs is vLLM's name: the engine computes logprobs as in raw_logprobs, but a generated token's are
     # of logits / temperature; the OpenAI routes score a prompt (prompt_logprobs) at the request's temperature.
     logprobs_mode: LogprobsMode = _doc("raw_logprobs", "What logprob values mean: log-softmax of raw logits "
@@ -58,6 +63,14 @@ class EngineConfig:
     batch_invariant: bool = _doc(False, "Batch-invariant mode: a request's values have the same float bits whatever "
                                  "else runs, wherever its chunks fall and whatever is cached (slower: "
                                  "python -m bench invariant).")
+    # engine/runner/attention_choice.py; docs/design/gpu.md.
+    attention_backend: AttentionChoice = _doc("auto", "'auto': one varlen attention call per layer per step on "
+                                              "CUDA when torch's flash kernel serves the model, else the torch "
+                                              "paged path; 'torch': always the torch paged path; 'varlen': the "
+                                              "varlen backend, its pure-torch reference kernel where the CUDA one "
+                                              "cannot run.")
+    cuda_graphs: bool = _doc(True, "Replay decode-only steps from CUDA graphs captured per batch-size bucket "
+                             "(CUDA with the varlen kernel only; no effect on CPU).")
     max_model_len: int | None = _doc(None, "Longest prompt + generation; default: the model's.")
     # engine/parallel/: rank 0 is the engine's own process; the worker starts the other ranks (workers/ranks.py).
     tensor_parallel_size: int = _doc(1, "Ranks (devices) one worker splits the model over: attention heads, MLP "
@@ -93,8 +106,7 @@ class EngineConfig:
                                          "work and no engine step has finished for this long; busy is not stuck.")
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
-                     "score_rows_per_block"):
+        for name in ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.tensor_parallel_size <= 0:
@@ -112,12 +124,15 @@ class EngineConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_top_logprobs < 0:
             raise ValueError(f"max_top_logprobs must be non-negative, got {self.max_top_logprobs}")
-        for name in ("num_kv_blocks", "max_model_len", "num_threads", "long_prefill_token_threshold"):
+        for name in ("num_kv_blocks", "max_model_len", "num_threads", "long_prefill_token_threshold",
+                     "score_rows_per_block"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive when set, got {value}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.attention_backend not in ("auto", "torch", "varlen"):
+            raise ValueError(f"attention_backend must be auto, torch or varlen, got {self.attention_backend!r}")
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs", "raw_logits", "none"):
             raise ValueError(f"unknown logprobs_mode {self.logprobs_mode!r}")
 

@@ -74,7 +74,8 @@ class LLMEngine:
                                    long_prefill_token_threshold=config.long_prefill_token_threshold)
         # Adapters on one device only (EngineConfig refuses lora_adapters with tensor_parallel_size > 1).
         self.lora = LoraManager(self.model, config, self.device) if self.parallel is None else None
-        self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel, self.lora)
+        self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel, self.lora,
+                                  self.max_model_len)
         if self.parallel is not None:
             self.parallel.start(num_blocks)
         self.detokenizer = Detokenizer(self.tokenizer)

@@ -9,7 +9,11 @@ Sections, each in its own try (a failing one prints its traceback and the others
              several lengths, chunked prefill, a warm prefix-cache repeat) and 32-token greedy generation against a
              plain transformers forward / generate on the same device (bench/device/exact.py)
   bf16       bfloat16 scoring throughput and MFU of a random-weight Llama-3-8B-shaped model against a transformers
-             forward of the same prompts (bench/device/bf16.py)
+             forward of the same prompts (bench/device/bf16.py): dense, 64 x 512, every row
+  ragged, prefill, mc, generate
+             the workloads users send, on that model (bench/device/workloads.py): ragged scoring, the same as
+             plain prefill, multiple choice with shared contexts, generation at batch 64 and 256 with and without
+             CUDA graphs; tok/s, MFU (measured peak and spec) and peak memory of each side
   invariant  batch-invariant mode's checks and bits on the device (bench/invariance/device.py), small settings
 Each section needs some seconds left to start (bf16 keeps 8 of the 32 layers when under 150 are left); once the
 run passes --budget-s (270: with the last section, under six minutes) the sections left are skipped with a note.
@@ -27,7 +31,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +48,7 @@ class Run:
     deadline: float  # time.perf_counter() past which no section starts
     layers_8b: int
     tf32_before: dict[str, bool]  # torch's TF32 flags as found, before exact_fp32() turned them off
+    cache: dict[str, Any] = field(default_factory=dict)  # what sections share (the workloads' model and engine)
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -119,6 +124,8 @@ def summary_rows(name: str, res: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(section, figure, value) lines of the table printed last."""
     if "error" in res or "skipped" in res:
         return [(name, "FAILED" if "error" in res else "skipped", str(res.get("error") or res.get("skipped")))]
+    if "summary" in res:
+        return [(name, figure, value) for figure, value in res["summary"]]
     if name == "env":
         free = f", {res['free_gib']:.0f}/{res['total_gib']:.0f} GiB free" if "free_gib" in res else ""
         return [(name, "device", f"{res['name']}{free}"),
@@ -145,11 +152,13 @@ def summary_rows(name: str, res: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 def sections() -> dict[str, tuple[float | None, Callable[[Run], dict[str, Any]]]]:
     """name -> (seconds the section needs at least to start, None: always runs; its function)."""
+    from bench.device import workloads as w
     from bench.device.bf16 import bf16_section
     from bench.device.exact import exact_section
 
     return {"env": (None, env_section), "exact": (30, exact_section), "bf16": (60, bf16_section),
-            "invariant": (30, invariant_section)}
+            "ragged": (60, w.ragged_section), "prefill": (20, w.prefill_section), "mc": (30, w.mc_section),
+            "generate": (45, w.generate_section), "invariant": (30, invariant_section)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -158,7 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (automatic without CUDA)")
     ap.add_argument("--budget-s", type=float, default=270.0, help="no section starts after this many seconds")
     ap.add_argument("--layers-8b", type=int, default=32, help="layers of the Llama-3-8B-shaped model (of 32)")
-    ap.add_argument("--section", action="append", choices=["env", "exact", "bf16", "invariant"],
+    ap.add_argument("--section", action="append",
+                    choices=["env", "exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant"],
                     help="repeat for several (default: all)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parents[1] / "results"))
     a = ap.parse_args(argv)
@@ -194,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
             results[name] = res
             table += summary_rows(name, res)
             path.write_text(json.dumps(results, indent=1, default=str))  # what is done survives a kill
+            if name == "generate":  # the last workload section: its model and engine go
+                run.cache.clear()
             gc.collect()  # the section's models go before the next one loads its own
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.config import EngineConfig
+from engine.config import CPU_SCORE_ROWS, EngineConfig
 from engine.invariant import attention as invariant_attention
 from engine.invariant.activation import check_silu
 from engine.invariant.row_plan import RowPlan
@@ -43,7 +43,7 @@ class StepLimits:
     @staticmethod
     def of(config: EngineConfig) -> StepLimits:
         return StepLimits(max_tokens=config.max_num_batched_tokens, max_seqs=config.max_num_seqs,
-                          max_head_rows=max(config.score_rows_per_block, config.max_num_seqs))
+                          max_head_rows=max(config.score_rows_per_block or CPU_SCORE_ROWS, config.max_num_seqs))
 
 
 def set_batch_invariant(model: nn.Module, on: bool, limits: StepLimits | None = None) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
+from engine.layers.varlen import VarlenInputs, varlen_attention_reference
 from engine.layers.window import attend, decode_window_bias, window_mask
 
 
@@ -35,6 +37,8 @@ class AttentionMetadata:
     offsets: list[int] = field(default_factory=list)
     # A backend's own per-step layout, built at the first layer and reused by the others (by backend name).
     plans: dict[str, Any] = field(default_factory=dict)
+    # Per request: its KV-cache block ids in position order (VarlenPagedAttention reads the cache through them).
+    block_tables: list[list[int]] = field(default_factory=list)
 
     def finalize(self, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         offsets, offset = [], 0
@@ -124,6 +128,41 @@ class TorchPagedAttention:
                 oi = attend(qi, ki, vi, mask, scale, softcap)
             out[offset:offset + n] = oi[0].transpose(0, 1)
         return out
+
+
+# The varlen contract (engine/layers/varlen.py): q, k_pages, v_pages, cu_seqlens_q, seqused_k, block_table,
+# max_seqlen_q, max_seqlen_k, scale, causal, window, softcap -> [T, Hq, D].
+VarlenKernel = Callable[..., torch.Tensor]
+
+
+class VarlenPagedAttention:
+    """One attention call per layer for the whole step (prefill chunks, prefix hits and decodes together): the new
+    K/V are written into their slots, then the kernel reads every request's context from the paged cache through
+    its block table. The kernel is the CUDA one (varlen_attention_cuda) or the pure-torch reference."""
+
+    name = "varlen"
+
+    def __init__(self, block_size: int, kernel: VarlenKernel = varlen_attention_reference) -> None:
+        self.block_size = block_size
+        self.kernel = kernel
+
+    def inputs(self, meta: AttentionMetadata) -> VarlenInputs:
+        """The step's kernel arguments, built at the first layer (or set beforehand, as a CUDA graph does)."""
+        got = meta.plans.get(self.name)
+        if got is None:
+            got = VarlenInputs.build(meta.starts, meta.lens, meta.block_tables, meta.slot_mapping.device)
+            meta.plans[self.name] = got
+        return got
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
+        k_cache.index_copy_(0, meta.slot_mapping, k)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
+        x = self.inputs(meta)
+        shape = (-1, self.block_size, k_cache.shape[1], k_cache.shape[2])  # [blocks, block_size, Hkv, D]: a view
+        return self.kernel(q, k_cache.view(shape), v_cache.view(shape), x.cu_seqlens_q, x.seqused_k, x.block_table,
+                           x.max_seqlen_q, x.max_seqlen_k, scale, True, window, softcap)
 
 
 def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ whose context is complete)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -14,16 +15,21 @@ import torch
 from engine.config import EngineConfig
 from engine.core.scheduler import ScheduledChunk, SchedulerOutput
 from engine.core.sequence import Sequence
-from engine.invariant.attention import InvariantPagedAttention
 from engine.invariant.mode import StepLimits, set_batch_invariant
-from engine.layers.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from engine.layers.attention import AttentionBackend, AttentionMetadata, VarlenPagedAttention
+from engine.layers.varlen import varlen_attention_reference
 from engine.models.llama import LlamaForCausalLM
 from engine.outputs import TokenLogprob
 from engine.parallel.driver import TensorParallel
+from engine.runner.attention_choice import choose_attention
+from engine.runner.decode_graphs import DecodeGraphs
 from engine.runner.logprobs import row_scores, top_k_rows
 from engine.runner.lora import LoraManager
 from engine.runner.sampler import sample
+from engine.runner.score_chunks import score_chunk_rows
 from engine.runner.scorer import RowRequest, RowScorer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -101,9 +107,11 @@ class StepPlan:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig, device: torch.device, num_blocks: int,
-                 parallel: TensorParallel | None = None, lora: LoraManager | None = None) -> None:
+                 parallel: TensorParallel | None = None, lora: LoraManager | None = None,
+                 max_model_len: int | None = None) -> None:
         """parallel: rank 0's handle on the other ranks when the model is split (model is then this rank's
-        shard); it announces each forward and runs the vocab-parallel LM head."""
+        shard); it announces each forward and runs the vocab-parallel LM head. max_model_len: the longest
+        context (sizes the decode graphs' block table; default: the model's max_position_embeddings)."""
         self.model = model
         self.parallel = parallel
         self.lora = lora
@@ -117,9 +125,11 @@ class ModelRunner:
             raise ValueError(f"batch_invariant is not available for {type(model).__name__}: the mode does not cover "
                              f"{'; '.join(blockers)}")
         set_batch_invariant(model, self.invariant, StepLimits.of(config))
-        self.backend: AttentionBackend = InvariantPagedAttention() if self.invariant else TorchPagedAttention()
+        self.backend: AttentionBackend = choose_attention(config, model, device)
         num_slots = num_blocks * self.block_size
-        shape = (num_slots, model.num_kv_heads, model.head_dim)
+        # The varlen backend gets one block past the pool's: the decode graphs' padding rows write and read it.
+        varlen = isinstance(self.backend, VarlenPagedAttention)
+        shape = (num_slots + (self.block_size if varlen else 0), model.num_kv_heads, model.head_dim)
         # One [slots, Hkv, D] tensor per layer for K and for V; slot = block * block_size + offset.
         self.kv_caches = [(torch.zeros(shape, dtype=model.dtype, device=device),
                            torch.zeros(shape, dtype=model.dtype, device=device)) for _ in range(model.num_layers)]
@@ -130,8 +140,28 @@ class ModelRunner:
         store = config.hidden_state_store and config.enable_prefix_cache
         self.hidden_store = (torch.zeros(num_slots, model.hidden_size, dtype=model.dtype, device=device)
                              if store else None)
-        self.scorer = RowScorer(model, config.value_mode, config.score_rows_per_block, num_slots, device,
+        # After the KV cache and the store: the chunk size on CUDA follows the memory they leave.
+        self.score_rows = score_chunk_rows(config, int(model.config.vocab_size), device)
+        self.scorer = RowScorer(model, config.value_mode, self.score_rows, num_slots, device,
                                 lse_store=store, batch_invariant=self.invariant, parallel=parallel)
+        self.graphs: DecodeGraphs | None = None
+        if (varlen and self.backend.kernel is not varlen_attention_reference and config.cuda_graphs
+                and parallel is None and device.type == "cuda"):
+            self.graphs = self.decode_graphs(num_blocks, max_model_len, capture=True)
+
+    def decode_graphs(self, num_blocks: int, max_model_len: int | None, capture: bool) -> DecodeGraphs | None:
+        """Decode graphs over this runner's model and caches (capture=False: the padded eager path, for tests);
+        None, said in the log, when the model cannot be captured (e.g. a host sync in one of its layers)."""
+        assert isinstance(self.backend, VarlenPagedAttention)
+        max_len = max_model_len or int(self.model.config.max_position_embeddings)
+        try:
+            return DecodeGraphs(
+                lambda ids, pos, meta: self.model(ids, pos, self.kv_caches, meta, self.backend), self.backend,
+                self.model.hidden_size, self.model.dtype, self.device, self.config.max_num_seqs,
+                -(-max_len // self.block_size), scratch_block=num_blocks, capture=capture)
+        except Exception as e:  # noqa: BLE001  # any capture failure: run eagerly, as without graphs
+            log.info("decode CUDA graphs off: capture failed (%s: %s)", type(e).__name__, e)
+            return None
 
     @staticmethod
     def bytes_per_block(model: LlamaForCausalLM, block_size: int) -> int:
@@ -172,11 +202,13 @@ class ModelRunner:
                 meta.starts.append(start)
                 meta.lens.append(n)
                 meta.context_slots.append(layout.slots[:start + n])
+                meta.block_tables.append(seq.block_table)
             layouts.append(layout)
             offset += n
         if offset > 0:
             meta.slot_mapping = torch.cat(new_slots)
-            meta.finalize(self.device, self.model.dtype)
+            if not isinstance(self.backend, VarlenPagedAttention):  # it reads the block tables instead
+                meta.finalize(self.device, self.model.dtype)
         scores = self._plan_scores(sched.chunks, layouts, offset)
         samples = [(lay.offset + c.num_tokens - 1, ci)
                    for ci, (c, lay) in enumerate(zip(sched.chunks, layouts, strict=True)) if lay.samples]
@@ -250,7 +282,11 @@ class ModelRunner:
             self.forwards += 1
             if self.lora is not None:
                 self.lora.set_step(plan.lora_rows)
-            hidden = self.model(plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.backend)  # [T, H]
+            # A captured graph holds no adapter: a step with adapter rows runs eagerly.
+            if self.graphs is not None and not plan.lora_rows and self.graphs.fits(plan.meta):
+                hidden = self.graphs.run(plan.input_ids, plan.positions, plan.meta)  # [T, H]
+            else:
+                hidden = self.model(plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.backend)
             if self.hidden_store is not None:
                 self.hidden_store.index_copy_(0, plan.meta.slot_mapping, hidden)
                 self.scorer.forget(plan.meta.slot_mapping)

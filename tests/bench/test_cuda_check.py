@@ -15,29 +15,44 @@ from bench.device.cuda_check import main
 def test_cuda_check_cpu_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     main(["--cpu-smoke", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "cuda_check.json").read_text())
-    assert set(res) == {"env", "exact", "bf16", "invariant"}
+    assert set(res) == {"env", "exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant"}
     assert all("error" not in r and "skipped" not in r for r in res.values()), res
     assert res["env"]["engine_imports"] == "ok"
     for family in ("llama", "qwen2"):
         r = res["exact"][family]
-        for case in ("one_step", "warm_repeat", "chunked"):
+        for case in ("one_step", "warm_repeat", "chunked", "varlen", "varlen_warm"):
             assert r[case]["max_abs_diff"] <= 1e-4 and r[case]["top_max_abs_diff"] <= 1e-4
             assert r[case]["top_sets_moved"] == 0
         assert r["warm_repeat"]["cached_tokens"] > 0  # the repeat was served from the prefix cache
-        assert r["greedy"]["equal"] == r["greedy"]["prompts"] == 3
+        assert r["varlen_warm"]["cached_tokens"] > 0
+        assert r["varlen"]["kernel"] == "varlen_attention_reference"  # float32 on CPU: the reference kernel
+        for greedy in ("greedy", "varlen_greedy"):
+            assert r[greedy]["equal"] == r[greedy]["prompts"] == 3
     bf16 = res["bf16"]
     assert bf16["rayscore_tok_s"] > 0 and bf16["transformers_tok_s"] > 0 and bf16["peak_bf16_tflops"] > 0
     assert bf16["max_abs_diff"] < 0.5  # bfloat16 both sides: close, not exact
     assert res["invariant"]["float32 invariant"]["moved"] == []
+    # The workloads: both sides ran and agree (bfloat16 both sides: close, not exact), every figure is there.
+    for name in ("ragged", "mc"):
+        r = res[name]
+        assert r["rayscore"]["tok_s"] > 0 and r["transformers"]["tok_s"] > 0 and r["max_abs_diff"] < 0.5
+        assert r["rayscore"]["mfu_measured_peak"] > 0 and r["rayscore"]["mfu_spec"] > 0
+    assert res["ragged"]["setup"]["kernel_16"] == [None, "no CUDA device"]
+    assert res["prefill"]["scoring_over_prefill"] > 0
+    for batch in ("batch_4", "batch_8"):
+        g = res["generate"][batch]
+        assert g["eager"]["decode_tok_s"] > 0 and g["transformers"]["out_tok_s"] > 0
+        assert g["graphs"].startswith("off")  # no CUDA: nothing captured
     out = capsys.readouterr().out
     table = out[out.index("cuda_check on cpu"):]
     assert "exact | float32 llama" in table and "PASS" in table and "bf16 | Llama-3-8B-shaped" in table
+    assert "ragged | ragged" in table and "mc | multiple choice" in table and "generate | generate batch 8" in table
 
 
 def test_cuda_check_skips_sections_past_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     main(["--cpu-smoke", "--budget-s", "0", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "cuda_check.json").read_text())
     assert res["env"]["engine_imports"] == "ok"  # always runs
-    for name in ("exact", "bf16", "invariant"):
+    for name in ("exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant"):
         assert "--budget-s" in res[name]["skipped"]
     assert "bf16 | skipped" in capsys.readouterr().out

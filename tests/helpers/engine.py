@@ -10,12 +10,17 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
+# Config values every make_engine takes unless the call overrides them: a test module re-runs shared checks on
+# another path by setting one here (monkeypatch.setitem), e.g. attention_backend="varlen".
+DEFAULTS: dict[str, object] = {}
+
 
 def make_engine(path: Path | str, **overrides: object) -> LLMEngine:
     # Prefix cache off by default: these tests are about chunking and batching, and a warm cache would
     # skip the very computation they check. test_prefix_cache.py turns it on.
     cfg = dict(model=str(path), max_num_batched_tokens=64, num_kv_blocks=256, block_size=4,
                score_rows_per_block=8, enable_prefix_cache=False)
+    cfg.update(DEFAULTS)
     cfg.update(overrides)
     return LLMEngine(EngineConfig(**cfg))  # type: ignore[arg-type]
 

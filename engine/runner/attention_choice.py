@@ -1,0 +1,67 @@
+"""Which attention backend a model runner uses (config field attention_backend: auto | torch | varlen).
+
+auto: the one-call-per-layer varlen backend on CUDA when a CUDA kernel serves this model: torch's flash kernel
+(engine/layers/varlen.py: kernel_blocker), else our Triton kernel (triton_blocker; in half precision only, so
+float32 keeps the path its exactness was proven on), else today's TorchPagedAttention, which stays the CPU path
+(it batches decodes into one padded call and is faster there than the reference's per-request loop:
+docs/design/gpu.md). varlen: that backend whatever the device and dtype, the reference kernel where no CUDA one
+serves (the CPU tests run the engine this way). A fallback is said once in the log, with its reasons."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.config import EngineConfig
+from engine.invariant.attention import InvariantPagedAttention
+from engine.layers.attention import AttentionBackend, TorchPagedAttention, VarlenKernel, VarlenPagedAttention
+from engine.layers.varlen import kernel_blocker, triton_blocker, varlen_attention_cuda, varlen_attention_reference
+from engine.models.llama import LlamaForCausalLM
+
+log = logging.getLogger(__name__)
+
+
+def choose_attention(config: EngineConfig, model: LlamaForCausalLM, device: torch.device) -> AttentionBackend:
+    want = config.attention_backend
+    if config.batch_invariant:
+        if want == "varlen":
+            log.info("attention_backend=varlen ignored: batch-invariant mode has its own attention")
+        return InvariantPagedAttention()
+    if want == "torch":
+        return TorchPagedAttention()
+    if config.tensor_parallel_size > 1:  # the follower ranks run TorchPagedAttention on the driver's metadata
+        log.info("attention: torch paged path (tensor_parallel_size > 1 runs the varlen backend on no rank)")
+        return TorchPagedAttention()
+    softcap = any(layer.self_attn.softcap is not None for layer in model.model.layers)
+    kernel, reason = cuda_kernel(device, model.dtype, config.block_size, model.head_dim, softcap,
+                                 half_only=want == "auto")
+    if kernel is not None:
+        log.info("attention: varlen backend, %s (one call per layer per step)%s", kernel.__name__,
+                 f"; torch's flash kernel: {reason}" if reason else "")
+        return VarlenPagedAttention(config.block_size, kernel)
+    if want == "auto":
+        if device.type == "cuda":  # on CPU the torch path is the intended one, nothing to say
+            log.info("attention: torch paged path, since the varlen kernel cannot serve here: %s", reason)
+        return TorchPagedAttention()
+    log.info("attention: varlen backend with the pure-torch reference kernel (%s)", reason)
+    return VarlenPagedAttention(config.block_size, varlen_attention_reference)
+
+
+def cuda_kernel(device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int, softcap: bool,
+                half_only: bool = True) -> tuple[VarlenKernel | None, str]:
+    """The CUDA kernel that serves the contract here, flash first, then Triton (half_only: not for float32), and
+    why the ones before it did not (empty when the first serves)."""
+    flash = kernel_blocker(device, dtype, block_size, head_dim, softcap)
+    if flash is None:
+        return varlen_attention_cuda, ""
+    if device.type != "cuda":
+        return None, flash
+    if half_only and dtype == torch.float32:
+        return None, f"{flash}; Triton kernel: float32 keeps the torch path under attention_backend auto"
+    tri = triton_blocker(device, dtype, block_size, head_dim)
+    if tri is None:
+        from engine.layers.varlen_triton import varlen_attention_triton
+
+        return varlen_attention_triton, flash
+    return None, f"{flash}; Triton kernel: {tri}"
