@@ -100,6 +100,8 @@ class LLMEngine:
                   or rules.context_too_long(len(ids), p.max_tokens, self.max_model_len)
                   or rules.logprobs_disabled(p.return_logprob, self.config.logprobs_mode)
                   or (rules.start_past_end(p.logprob_start_len, len(ids)) if p.scores_input else None)
+                  or (rules.token_id_rows(p.token_ids_logprob, p.logprob_start_len, len(ids)) if p.scores_input
+                      else None)
                   or rules.nothing_to_compute(p.max_tokens, p.scores_input))
         if broken:
             raise RequestError(broken.message)

@@ -201,7 +201,7 @@ class ModelRunner:
         plan.targets.extend(seq.token_ids[lo + 1:hi + 2])
         plan.top_k.extend([seq.params.top_logprobs_num] * lay.num_score_rows)
         plan.temps.extend([seq.params.score_temperature] * lay.num_score_rows)
-        plan.token_ids.extend([seq.params.token_ids_logprob] * lay.num_score_rows)
+        plan.token_ids.extend(seq.params.row_token_ids(lo, hi))
         plan.slots.append(lay.slots[lo:hi + 1])
         plan.cached.extend([True] * num_cached + [False] * (lay.num_score_rows - num_cached))
 

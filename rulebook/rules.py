@@ -51,7 +51,8 @@ class Sampling(Protocol):
     seed: int | None
     top_logprobs_num: int
     input_logprob_temperature: float | None
-    token_ids_logprob: list[int] | None
+    token_ids_logprob: list[int] | list[list[int]] | None
+    logprob_start_len: int
     stop: list[str]
     stop_token_ids: list[int]
 
@@ -129,12 +130,37 @@ def input_logprob_temperature(temp: float | None) -> Violation | None:
     return None if ok else Violation(SCORING_TEMPERATURE.format(value=temp), param="input_logprob_temperature")
 
 
-def needs_input_scoring(temp: float | None, token_ids: Sequence[int] | None) -> Violation | None:
+def needs_input_scoring(temp: float | None, token_ids: Sequence[Any] | None) -> Violation | None:
     """The scoring fields on a request that scores no input: they would be silently ignored."""
     for name, value in (("input_logprob_temperature", temp), ("token_ids_logprob", token_ids)):
         if value is not None:
             return Violation(NEEDS_INPUT_SCORING.format(name=name), param=name)
     return None
+
+
+TOKEN_ID_ROWS = ("The token_ids_logprob has {lists} lists, one per scored row, but the request scores {rows} rows "
+                 "(input_ids[{first}:], logprob_start_len {start} + 1 onwards).")
+TOKEN_ID_LISTS_MIXED = "The token_ids_logprob must be a list of token ids or a list of lists of them, not a mix."
+
+
+def token_id_rows(token_ids: Sequence[Any] | None, start: int, num_ids: int) -> Violation | None:
+    """Per-row candidate ids (a list of lists) need exactly one list per scored row, input_ids[start+1:]; a flat
+    list applies to every row."""
+    if not token_ids:
+        return None
+    nested = [isinstance(row, list) for row in token_ids]
+    if any(nested) and not all(nested):
+        return Violation(TOKEN_ID_LISTS_MIXED, param="token_ids_logprob")
+    rows = max(0, num_ids - start - 1)
+    if all(nested) and len(token_ids) != rows:
+        return Violation(TOKEN_ID_ROWS.format(lists=len(token_ids), rows=rows, first=start + 1, start=start),
+                         param="token_ids_logprob")
+    return None
+
+
+def flat(values: Sequence[Any]) -> list[Any]:
+    """A list field's entries, a list of lists (per-row token ids) read row by row."""
+    return [x for v in values for x in (v if isinstance(v, list) else (v,))]
 
 
 @dataclass(frozen=True)
@@ -176,7 +202,7 @@ def sampling_violation(params: Sampling, vocab_size: int) -> Violation | None:
     """The first sampling rule `params` breaks (`param` = the field)."""
     for rule in SAMPLING_RULES:
         value = getattr(params, rule.field)
-        for item in (value or ()) if rule.each else (value,):
+        for item in flat(value or ()) if rule.each else (value,):
             if not rule.ok(item, vocab_size):
                 return Violation(rule.text.format(value=item, vocab=vocab_size), param=rule.field)
     return None

@@ -108,6 +108,7 @@ def _check_scoring(body: GenerateBody, info: ModelInfo) -> None:
     if body.input_ids is None:
         raise InvalidRequest("logprob_start_len requires input_ids.")
     enforce(rules.start_past_end(n, len(body.input_ids)))
+    enforce(rules.token_id_rows(body.token_ids_logprob, n, len(body.input_ids)))
 
 
 def sampling_params(body: GenerateBody) -> SamplingParams:
@@ -119,7 +120,14 @@ def sampling_params(body: GenerateBody) -> SamplingParams:
         skip_special_tokens=body.skip_special_tokens, include_stop_str_in_output=body.include_stop_str_in_output,
         return_logprob=bool(body.return_logprob), logprob_start_len=body.logprob_start_len,
         top_logprobs_num=body.top_logprobs_num or 0, input_logprob_temperature=body.input_logprob_temperature,
-        token_ids_logprob=list(body.token_ids_logprob) if body.token_ids_logprob is not None else None)
+        token_ids_logprob=_copy_ids(body.token_ids_logprob))
+
+
+def _copy_ids(ids: list[int] | list[list[int]] | None) -> list[int] | list[list[int]] | None:
+    """The carrier's own copy (a list of lists row by row: per-row candidates)."""
+    if ids is None:
+        return None
+    return [list(row) if isinstance(row, list) else row for row in ids]  # type: ignore[return-value]
 
 
 def to_request(body: GenerateBody) -> GenerateRequest:
