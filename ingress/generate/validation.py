@@ -21,11 +21,14 @@ from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 SCORING_MODES = ("raw_logits", "raw_logprobs")
 
 
-def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None) -> None:
+def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None, with_generation: bool = False
+             ) -> None:
     """Raise InvalidRequest with the first failing rule's message; return when the body is valid.
 
     `prompt_len` is the token count of a text prompt when the caller knows it. The ingress does not
     (it has no tokenizer), so for a text prompt rule 11 is the worker's, after tokenizing.
+    `with_generation`: input-token scoring may come with generated tokens (SGLang's dialect, ingress/sglang/); the
+    contract's rule 9.3 (scoring only) is the seed shape's.
     """
     k = body.top_logprobs_num
     # 1-3: logprob options.
@@ -45,7 +48,7 @@ def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None)
         raise InvalidRequest("image input is not supported by this server.")
     # 8-9: what to compute.
     enforce(rules.negative_max_tokens(body.max_tokens))
-    _check_scoring(body, info)
+    _check_scoring(body, info, with_generation)
     # 10-11: the prompt against the model.
     enforce(rules.token_out_of_range(body.input_ids or (), info.vocab_size))
     if isinstance(body.prompt, str):  # bounded and valid UTF-8 before the worker tokenizes it
@@ -92,7 +95,7 @@ def validate_batch(items: list[GenerateBody], info: ModelInfo) -> None:
             raise InvalidRequest(f"Item {i}: {exc.message}") from exc
 
 
-def _check_scoring(body: GenerateBody, info: ModelInfo) -> None:
+def _check_scoring(body: GenerateBody, info: ModelInfo, with_generation: bool = False) -> None:
     """Rule 9: input-token scoring (logprob_start_len >= 0) is scoring only, over given ids."""
     n = body.logprob_start_len
     if n < 0:
@@ -103,7 +106,7 @@ def _check_scoring(body: GenerateBody, info: ModelInfo) -> None:
         raise InvalidRequest("logprob_start_len requires return_logprob=True.")
     if info.logprobs_mode not in SCORING_MODES:
         raise InvalidRequest("logprob_start_len requires raw_logits or raw_logprobs mode.")
-    if body.max_tokens != 0:
+    if body.max_tokens != 0 and not with_generation:
         raise InvalidRequest("logprob_start_len requires max_tokens=0.")
     if body.input_ids is None:
         raise InvalidRequest("logprob_start_len requires input_ids.")

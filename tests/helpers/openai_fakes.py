@@ -31,13 +31,17 @@ def model(req: GenerateRequest):
     """Scores ids[N+1:] in the first chunk, then generates id = previous + 1, one token per chunk."""
     ids = list(req.input_ids or [])
     k = req.params.top_logprobs_num
-    rows = tops = None
-    if req.params.logprob_start_len >= 0:
-        rows = [[value(p, ids[p]), ids[p]] for p in range(req.params.logprob_start_len + 1, len(ids))]
+    rows = tops = cands = None
+    start = req.params.logprob_start_len
+    if start >= 0:
+        rows = [[value(p, ids[p]), ids[p]] for p in range(start + 1, len(ids))]
         tops = [[[-0.001 * j, j] for j in range(k)] for _ in rows] if k else None
+        if req.params.token_ids_logprob is not None:  # each row's own ids (one list for all, or per row)
+            asked = req.params.row_token_ids(start, len(ids) - 2)
+            cands = [[[value(start + 1 + r, t), t] for t in row or []] for r, row in enumerate(asked)]
     if req.params.max_tokens == 0:
         yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishInfo("length"), prompt_tokens=len(ids),
-                            input_token_logprobs=rows, input_top_logprobs=tops)
+                            input_token_logprobs=rows, input_top_logprobs=tops, input_token_ids_logprobs=cands)
         return
     lp = req.params.return_logprob
     tok = ids[-1]
@@ -49,6 +53,7 @@ def model(req: GenerateRequest):
             finish_reason=FinishInfo("length") if last else None, prompt_tokens=len(ids), completion_tokens=i + 1,
             input_token_logprobs=(rows if i == 0 else []) if rows is not None else None,
             input_top_logprobs=(tops if i == 0 else []) if tops is not None else None,
+            input_token_ids_logprobs=(cands if i == 0 else []) if cands is not None else None,
             output_token_logprobs=[[value(len(ids) + i, tok), tok]] if lp else None,
             output_top_logprobs=([[[-0.001 * j, j] for j in range(k)]] if k else []) if lp else None)
 
