@@ -81,6 +81,9 @@ class EngineConfig:
     stuck_engine_timeout_s: float = _doc(120.0, "The worker's health check fails (Serve replaces it) when it has "
                                          "work and no engine step has finished for this long; busy is not stuck.")
 
+    pause_timeout_s: float = _doc(300.0, "While generation is paused (POST /pause_generation), a request waits at "
+                                  "most this long for POST /continue_generation, then ends with 503.")
+
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
                      "score_rows_per_block"):
@@ -91,7 +94,8 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.batch_invariant:
             raise ValueError("batch_invariant is not available with tensor_parallel_size > 1: the all-reduces' "
                              "summation order is not held fixed across ranks")
-        for name in ("max_queued_requests", "max_queued_tokens", "max_logprob_entries", "stuck_engine_timeout_s"):
+        for name in ("max_queued_requests", "max_queued_tokens", "max_logprob_entries", "stuck_engine_timeout_s",
+                     "pause_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_top_logprobs < 0:
