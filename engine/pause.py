@@ -18,8 +18,8 @@ import time
 from engine.admission import OVERLOADED
 from engine.llm_engine import LLMEngine
 from engine.outputs import FinishReason, RequestOutput
+from rulebook.sglang import PAUSE_MODES
 
-PAUSE_MODES = ("abort", "retract", "in_place")
 PAUSED_TOO_LONG = ("Generation has been paused for more than {seconds:g} s (config field `pause_timeout_s`); the "
                    "request was not started. Retry after POST /continue_generation.")
 

@@ -24,6 +24,7 @@ from ingress.openai.render import error_json as openai_error_json
 from ingress.openai.router import openai_router
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
+from ingress.weights.control import control_router
 from ingress.weights.routes import weights_router
 
 
@@ -80,4 +81,7 @@ def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
     app.include_router(openai_router(backend, settings, retries))
     # /update_weights_from_disk, /flush_cache, /model_info (weights/routes.py).
     app.include_router(weights_router(backend))
+    # SGLang's control routes: /pause_generation, /continue_generation, /abort_request, /get_model_info,
+    # /get_server_info, /health_generate (weights/control.py).
+    app.include_router(control_router(backend))
     return app

@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # Ray is only needed once a handle exists; tests of the route
 logger = logging.getLogger(__name__)
 
 WEIGHT_UPDATES_OFF = "Weight updates are off on this deployment (config field `weight_updates`)."
+CONTROLS_OFF = ("Generation controls reach every worker through the weight registry, which is off on this deployment "
+                "(config field `weight_updates`).")
 
 
 class Backend(Protocol):
@@ -94,6 +96,11 @@ class Backend(Protocol):
         ...
 
     async def weight_version(self) -> str:
+        ...
+
+    async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
+        """SGLang's generation controls on every worker replica, through the same registry: "pause" (arg: the
+        mode), "continue", "abort" (arg: the request id, None: all). num_paused_requests: the requests touched."""
         ...
 
 
@@ -202,6 +209,14 @@ class HandleBackend:
         if registry is None:
             return WeightUpdateResult(False, "No worker replica has started: there is no cache to flush.")
         result: WeightUpdateResult = await registry.flush.remote()
+        return result
+
+    async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
+        registry = self._registry()
+        if registry is None:
+            return WeightUpdateResult(False, CONTROLS_OFF if self._weights_registry is None else
+                                      "No worker replica has started: there is no generation to control.")
+        result: WeightUpdateResult = await registry.control.remote(kind, arg)
         return result
 
     async def weight_version(self) -> str:

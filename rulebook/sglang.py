@@ -139,3 +139,16 @@ def nothing_to_do(max_new_tokens: int, scored_rows: int) -> Violation | None:
 def negative_max_new(value: int) -> Violation | None:
     return Violation(MAX_NEW_NEGATIVE.format(value=value), param="sampling_params.max_new_tokens") if value < 0 \
         else None
+
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+PAUSE_MODE = "The mode {mode!r} is not one of SGLang's pause modes: abort, retract, in_place."
+ABORT_WHAT = "Give the rid of the request to abort, or abort_all: true."
+
+
+def pause_mode(mode: str) -> Violation | None:
+    return None if mode in PAUSE_MODES else Violation(PAUSE_MODE.format(mode=mode), param="mode")
+
+
+def abort_target(rid: str, abort_all: bool) -> Violation | None:
+    return None if rid or abort_all else Violation(ABORT_WHAT, param="rid")

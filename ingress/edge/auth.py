@@ -23,8 +23,9 @@ INVALID = "The API key is not valid for this server."
 
 
 # Routes that change what every worker serves (ingress/weights.py).
-ADMIN_PATHS = frozenset({"/update_weights_from_disk", "/flush_cache"})
-ADMIN_ONLY = ("This route changes the served weights or caches: it needs an admin key (config field "
+ADMIN_PATHS = frozenset({"/update_weights_from_disk", "/flush_cache", "/pause_generation", "/continue_generation",
+                         "/abort_request"})
+ADMIN_ONLY = ("This route changes the served weights, caches or generation: it needs an admin key (config field "
               "`admin_api_keys` or $RAYSCORE_ADMIN_API_KEYS); an API key does not open it.")
 
 
