@@ -16,6 +16,7 @@ from starlette.responses import Response
 from ingress.backend import Backend
 from ingress.edge.openapi import error_responses
 from ingress.errors import InvalidRequest, JSONAnswer
+from ingress.generate.schemas import HealthBody
 from ingress.openai.render import error_json
 from ingress.openai.schemas import OpenAIErrorBody
 from rulebook import sglang as sg
@@ -99,7 +100,7 @@ def control_router(backend: Backend) -> APIRouter:
             ok = whole.finished and whole.finish_reason is not None and whole.finish_reason.type != "error"
         except Exception:  # noqa: BLE001  # any failure means "not healthy", never a 5xx of its own
             ok = False
-        return Response(status_code=200 if ok else 503)
+        return JSONAnswer({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
 
     post_errors: dict[int | str, dict[str, Any]] = error_responses(OpenAIErrorBody, body=True, own_422=False)
     post_errors[503] = {"model": ControlAnswer, "description": "No worker replica answered (success false)."}
@@ -113,8 +114,10 @@ def control_router(backend: Backend) -> APIRouter:
                          responses=error_responses(OpenAIErrorBody), summary="The served model (SGLang's route)")
     router.add_api_route("/get_server_info", get_server_info, methods=["GET"], response_model=None,
                          responses=error_responses(OpenAIErrorBody), summary="The server's settings (SGLang's route)")
-    health: dict[int | str, dict[str, Any]] = {200: {"description": "A token was generated."},
-                                               503: {"description": "No worker generated a token in time."}}
+    health: dict[int | str, dict[str, Any]] = {
+        200: {"model": HealthBody, "description": "A token was generated."},
+        503: {"model": HealthBody, "description": "No worker generated a token in time."},
+        401: error_responses(OpenAIErrorBody)[401], 413: error_responses(OpenAIErrorBody)[413]}
     router.add_api_route("/health_generate", health_generate, methods=["GET"], response_model=None,
                          responses=health, summary="Healthy when a worker generates a token (SGLang's route)")
     return router
