@@ -5,6 +5,7 @@ while paused wait and are answered after continue; abort by rid ends that reques
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from ray import serve
 from tests.helpers.serve import app_args, deploy
 
 APP, PREFIX = "control", "/control"
-NEW = 40
+NEW = 120
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +71,9 @@ def test_pause_and_continue_under_load_lose_nothing(app: str, mode: str) -> None
     with concurrent.futures.ThreadPoolExecutor(n + 2) as pool:
         want = list(pool.map(lambda i: areal_generate(app, prompt(i), f"ref-{mode}-{i}"), range(n)))
         running = [pool.submit(areal_generate, app, prompt(i), f"{mode}-{i}") for i in range(n)]
-        time.sleep(1.0)
+        time.sleep(0.5)
         paused = post(app, "/pause_generation", {"mode": mode})
-        assert paused["success"] is True
+        assert paused["success"] is True and paused["num_paused_requests"] > 0, "the pause caught requests in flight"
         late = pool.submit(areal_generate, app, prompt(0), f"{mode}-late")  # sent while paused: waits
         time.sleep(1.5)
         assert not late.done()
@@ -84,14 +85,20 @@ def test_pause_and_continue_under_load_lose_nothing(app: str, mode: str) -> None
 
 
 def test_abort_request_by_rid(app: str) -> None:
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        long = pool.submit(httpx.post, app + "/generate", json=body(prompt(1), 400, "victim"), timeout=300)
+    """The victim is streamed, so it is surely running when the abort comes; its last event ends it as aborted, with
+    the tokens it had; a request beside it is untouched."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
         other = pool.submit(httpx.post, app + "/generate", json=body(prompt(2), 30, "bystander"), timeout=300)
-        time.sleep(1.0)
-        aborted = post(app, "/abort_request", {"rid": "victim"})
+        with httpx.stream("POST", app + "/generate", json={**body(prompt(1), 480, "victim"), "stream": True},
+                          timeout=300) as resp:
+            lines = (line for line in resp.iter_lines() if line.startswith("data: "))
+            next(lines)
+            aborted = post(app, "/abort_request", {"rid": "victim"})
+            events = [line[6:] for line in lines]
         assert aborted["num_paused_requests"] == 1
-        meta = long.result().json()["meta_info"]
-        assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] < 400
+        assert events[-1] == "[DONE]"
+        meta = json.loads(events[-2])["meta_info"]
+        assert meta["finish_reason"]["type"] == "abort" and 0 < meta["completion_tokens"] < 480
         assert other.result().json()["meta_info"]["finish_reason"] == {"type": "length", "length": 30}
     info = httpx.get(app + "/get_model_info", timeout=60).json()
     assert info["is_generation"] is True and info["weight_version"] == "default"
