@@ -141,6 +141,20 @@ def needs_input_scoring(temp: float | None, token_ids: Sequence[Any] | None) -> 
 TOKEN_ID_ROWS = ("The token_ids_logprob has {lists} lists, one per scored row, but the request scores {rows} rows "
                  "(input_ids[{first}:], logprob_start_len {start} + 1 onwards).")
 TOKEN_ID_LISTS_MIXED = "The token_ids_logprob must be a list of token ids or a list of lists of them, not a mix."
+TOKEN_ID_COUNT = "The token ids have {lists} lists, one per scored token, but {rows} tokens are scored."
+
+
+def token_id_count(token_ids: Sequence[Any] | None, rows: int) -> Violation | None:
+    """The same rule where the scored rows are not one request's (offline rows split into windows): a flat list
+    applies to every row, a list of lists needs one per scored row."""
+    if not token_ids:
+        return None
+    nested = [isinstance(row, list) for row in token_ids]
+    if any(nested) and not all(nested):
+        return Violation(TOKEN_ID_LISTS_MIXED, param="token_ids_logprob")
+    if all(nested) and len(token_ids) != rows:
+        return Violation(TOKEN_ID_COUNT.format(lists=len(token_ids), rows=rows), param="token_ids_logprob")
+    return None
 
 
 def token_id_rows(token_ids: Sequence[Any] | None, start: int, num_ids: int) -> Violation | None:
