@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.invariant import StepLimits, set_batch_invariant
 from engine.layers.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from engine.layers.invariant_attention import InvariantPagedAttention
-from engine.logprobs import row_scores, top_k_rows
+from engine.logprobs import row_scores, token_id_rows, top_k_rows
 from engine.models import CausalLM
 from engine.outputs import TokenLogprob
 from engine.parallel.driver import TensorParallel
@@ -36,6 +36,8 @@ class ChunkResult:
     sampled: int | None = None
     sampled_logprob: TokenLogprob | None = None
     sampled_top: list[TokenLogprob] | None = None
+    # The values of the request's token_ids_logprob at the sampled position (None: not asked).
+    sampled_token_ids: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -254,8 +256,12 @@ class ModelRunner:
         picked = values.gather(1, tokens[:, None])[:, 0].tolist() if values is not None else None
         tops = top_k_rows(values, [s.params.top_logprobs_num if s.params.return_logprob else 0 for s in seqs]) \
             if values is not None else [None] * len(seqs)
+        asked = [s.params.output_token_ids for s in seqs]
+        cands = token_id_rows(values, asked) if values is not None and any(a is not None for a in asked) \
+            else [None] * len(seqs)
         for j, ((_, ci), tok) in enumerate(zip(rows, tokens.tolist(), strict=True)):
             results[ci].sampled = tok
             if want[j] and picked is not None:
                 results[ci].sampled_logprob = (picked[j], tok)
                 results[ci].sampled_top = tops[j]
+                results[ci].sampled_token_ids = cands[j]

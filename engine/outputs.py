@@ -54,6 +54,8 @@ class RequestOutput:
     input_token_ids_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
     output_token_logprobs: list[TokenLogprob] | None = field(default=None, metadata=CONCAT)
     output_top_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
+    # Per generated token, the values of the request's (flat) token_ids_logprob at its position.
+    output_token_ids_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
     # Timings (time.monotonic seconds): arrival, first scheduled, finished.
     arrival_time: float | None = None
     scheduled_time: float | None = None

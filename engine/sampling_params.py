@@ -76,12 +76,22 @@ class SamplingParams:
         first = lo - self.logprob_start_len
         return list(self.token_ids_logprob[first:first + n])  # type: ignore[arg-type]
 
+    @property
+    def output_token_ids(self) -> list[int] | None:
+        """The ids whose values each generated token reports (SGLang's output_token_ids_logprobs): a flat
+        token_ids_logprob, with return_logprob; per-row lists belong to the input rows only."""
+        if not self.return_logprob or self.token_ids_logprob is None or self.per_row_token_ids:
+            return None
+        return self.token_ids_logprob  # type: ignore[return-value]  # a flat list of ids
+
     def num_token_ids_entries(self, input_rows: int) -> int:
-        """[value, token_id] entries of input_token_ids_logprobs over `input_rows` scored rows."""
+        """[value, token_id] entries of input_token_ids_logprobs over `input_rows` scored rows, and of
+        output_token_ids_logprobs over the tokens to generate."""
         ids = self.token_ids_logprob or []
+        out = self.max_tokens * len(self.output_token_ids or ())
         if self.per_row_token_ids:
-            return sum(len(row) for row in ids)  # type: ignore[arg-type]
-        return input_rows * len(ids)
+            return sum(len(row) for row in ids) + out  # type: ignore[arg-type]
+        return input_rows * len(ids) + out
 
     @property
     def greedy(self) -> bool:

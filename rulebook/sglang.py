@@ -59,8 +59,9 @@ START_PAST_END = ("The logprob_start_len {start} is past the prompt's last posit
 START_BELOW = "The logprob_start_len {start} must be -1 (output tokens only) or at least 0."
 MAX_NEW_NEGATIVE = "The sampling_params.max_new_tokens {value} must be at least 0."
 ITEM = "Item {i}: {message}"
-TOKEN_IDS_ON_OUTPUT = ("The token_ids_logprob is answered for input rows only (input_token_ids_logprobs): it needs "
-                       "sampling_params.max_new_tokens 0 on this server (output_token_ids_logprobs is not computed).")
+TOKEN_IDS_ON_OUTPUT = ("A token_ids_logprob of per-row lists belongs to the input rows only: with "
+                       "sampling_params.max_new_tokens > 0 give one flat list (reported for input and output "
+                       "tokens alike), or score with max_new_tokens 0.")
 
 
 def is_sglang(body: Mapping[str, Any]) -> bool:

@@ -30,5 +30,6 @@ def to_chunk(out: RequestOutput, params: SamplingParams | None = None, weight_ve
         output_token_logprobs=_rows(out.output_token_logprobs),
         output_top_logprobs=_tops(out.output_top_logprobs),
         input_token_ids_logprobs=_tops(out.input_token_ids_logprobs),
+        output_token_ids_logprobs=_tops(out.output_token_ids_logprobs),
         input_logprob_temperature=params.input_logprob_temperature if params is not None else None,
         weight_version=weight_version)

@@ -110,6 +110,8 @@ class GenerateChunk:
     output_top_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
     # Per scored input position, [[value, token_id], ...] of the request's token_ids_logprob | None.
     input_token_ids_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
+    # Per generated token, [[value, token_id], ...] of the request's token_ids_logprob | None.
+    output_token_ids_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
     # The request's input_logprob_temperature, echoed; None when it did not set one.
     input_logprob_temperature: float | None = None
     # The weights the request ran on (every chunk of a request carries the same: weights change between requests).
@@ -193,6 +195,7 @@ def error_chunk(rid: str, message: str, code: int | None = None, after: Generate
         output_token_logprobs=empty_like("output_token_logprobs"),
         output_top_logprobs=empty_like("output_top_logprobs"),
         input_token_ids_logprobs=empty_like("input_token_ids_logprobs"),
+        output_token_ids_logprobs=empty_like("output_token_ids_logprobs"),
         input_logprob_temperature=after.input_logprob_temperature if after else None,
         weight_version=after.weight_version if after else None)
 

@@ -100,7 +100,10 @@ def _check_scoring(body: GenerateBody, info: ModelInfo, with_generation: bool = 
     n = body.logprob_start_len
     if n < 0:
         enforce(rules.nothing_to_compute(body.max_tokens, scores_input=False))
-        enforce(rules.needs_input_scoring(body.input_logprob_temperature, body.token_ids_logprob))
+        # SGLang's dialect reports a flat token_ids_logprob at generated tokens too (output_token_ids_logprobs).
+        output_ids = with_generation and body.return_logprob is True and body.max_tokens > 0
+        enforce(rules.needs_input_scoring(body.input_logprob_temperature,
+                                          None if output_ids else body.token_ids_logprob))
         return
     if body.return_logprob is not True:
         raise InvalidRequest("logprob_start_len requires return_logprob=True.")

@@ -39,7 +39,8 @@ def token_ids_needed(item: Item, chunk: GenerateChunk) -> set[int]:
     ids: set[int] = set()
     if item.start >= 0 and item.input_ids is not None:
         ids.update(item.input_ids[item.start:])
-    for rows in (chunk.input_top_logprobs, chunk.output_top_logprobs, chunk.input_token_ids_logprobs):
+    for rows in (chunk.input_top_logprobs, chunk.output_top_logprobs, chunk.input_token_ids_logprobs,
+                 chunk.output_token_ids_logprobs):
         for row in rows or ():
             ids.update(t for _, t in row)
     ids.update(t for _, t in chunk.output_token_logprobs or ())
@@ -89,4 +90,4 @@ def _logprobs(meta: dict[str, Any], item: Item, chunk: GenerateChunk, texts: Tex
         meta["output_top_logprobs"] = _tops(chunk.output_top_logprobs, texts)
     if item.token_ids_logprob:
         meta["input_token_ids_logprobs"] = ([None] + _tops(chunk.input_token_ids_logprobs, texts)) if scored else []
-        meta["output_token_ids_logprobs"] = []
+        meta["output_token_ids_logprobs"] = _tops(chunk.output_token_ids_logprobs, texts)

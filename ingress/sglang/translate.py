@@ -185,7 +185,7 @@ async def _item(parsed: Parsed, i: int, prompt: Any, token_ids: Any, rid: str, i
     # SGLang's scheduler bounds max_new_tokens by the context left (init_req_max_new_tokens): never an error.
     max_new = min(max_new, max(0, info.max_model_len - len(ids)))
     enforce(sg.nothing_to_do(max_new, scored_rows))
-    if token_ids and max_new > 0:
+    if token_ids and isinstance(token_ids[0], list) and max_new > 0:
         raise InvalidRequest(sg.TOKEN_IDS_ON_OUTPUT, param="token_ids_logprob")
     top_k = sp.top_k if sp.top_k is not None else -1
     seed_body = GenerateBody.model_construct(

@@ -57,7 +57,8 @@ def test_input_rows_and_greedy_tokens_in_one_request(url: str, smollm2_path: Pat
     transformers, with their logprobs; also streamed (cumulative events, [DONE] last), ending as the same answer."""
     ids = ids_of(30, seed=342)
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
-            "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2, "rid": "gen4"}
+            "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2, "rid": "gen4",
+            "token_ids_logprob": [5, 9]}
     out = post(url, body)
     meta, gen = out["meta_info"], out["output_ids"]
     lp = logprobs(smollm2_path, ids + gen)
@@ -69,6 +70,11 @@ def test_input_rows_and_greedy_tokens_in_one_request(url: str, smollm2_path: Pat
     assert max(abs(r[0] - float(lp[p - 1, ids[p]])) for p, r in enumerate(rows) if p) <= ATOL
     assert meta["input_top_logprobs"][0] is None and len(meta["input_top_logprobs"][5]) == 2
     assert meta["finish_reason"] == {"type": "length", "length": 4} and meta["completion_tokens"] == 4
+    assert meta["input_token_ids_logprobs"][0] is None and len(meta["input_token_ids_logprobs"]) == len(ids)
+    for j, row in enumerate(meta["output_token_ids_logprobs"]):  # SGLang's: the ids at every generated token
+        assert [e[1] for e in row] == [5, 9]
+        assert all(abs(e[0] - float(lp[len(ids) - 1 + j, e[1]])) <= ATOL for e in row)
+    assert len(meta["output_token_ids_logprobs"]) == 4
     with httpx.stream("POST", url + "/generate", json={**body, "stream": True}, timeout=300) as resp:
         events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"

@@ -94,6 +94,24 @@ def test_preempted_request_keeps_its_rows(tiny_models) -> None:
     assert eng.scheduler.num_preemptions > 0
 
 
+def test_flat_ids_are_reported_at_generated_tokens_too(tiny_models) -> None:
+    """SGLang's output_token_ids_logprobs: a flat token_ids_logprob with generation reports the ids at every
+    generated token as well, from the sampling row's values."""
+    path = tiny_models["llama"]
+    eng = make_engine(path)
+    ids = rand_ids(15, seed=26)
+    asked = [7, 3, 300]
+    p = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, return_logprob=True, logprob_start_len=2,
+                       token_ids_logprob=asked)
+    out = eng.generate([ids], p, check=True)[0]
+    lp = torch.log_softmax(hf_logits(path, ids + out.new_token_ids), -1)
+    assert len(out.output_token_ids_logprobs) == 5 and len(out.input_token_ids_logprobs) == 12
+    for j, row in enumerate(out.output_token_ids_logprobs):
+        assert [t for _, t in row] == asked
+        assert all(abs(v - lp[len(ids) - 1 + j, t].item()) <= ATOL for v, t in row)
+    assert p.logprob_entries(len(ids)) == (12 + 5) + (12 + 5) * 3
+
+
 def test_wrong_number_of_lists_names_the_rows(tiny_models) -> None:
     eng: LLMEngine = make_engine(tiny_models["llama"])
     ids = rand_ids(10, seed=25)

@@ -124,7 +124,7 @@ async def test_sampling_fields_reach_the_worker() -> None:
     ({"input_ids": [IDS, [1, 200]], "sampling_params": {}}, 400, "Item 1: Token id 200"),
     ({"input_ids": IDS, "sampling_params": {"temperature": "hot"}}, 422, "sampling_params"),
     ({"input_ids": IDS, "sampling_params": {"max_new_tokens": 1}, "return_logprob": True, "logprob_start_len": 0,
-      "token_ids_logprob": [1, 2]}, 400, "input rows only"),
+      "token_ids_logprob": [[1]] * 4}, 400, "per-row lists belongs to the input rows only"),
 ])
 async def test_refusals_name_the_field(body: dict, status: int, names: str) -> None:
     resp = await gen(body)
