@@ -131,3 +131,19 @@ def test_entries_count_each_rows_own_list() -> None:
                        token_ids_logprob=[[1, 2, 3], [], [4]])
     # 3 input rows + 2 generated, each (1 + k) entries, plus 3 + 0 + 1 candidate entries.
     assert p.logprob_entries(5) == 5 * 2 + 4
+
+
+def test_warm_candidate_rows_need_no_vocabulary_projection(tiny_models) -> None:
+    """A teacher row asking its own candidates at T = 1 with no top-k, at a cached position whose log-sum-exp is
+    stored: one dot product per candidate minus that log-sum-exp, no [rows, vocab] projection, same values."""
+    path = tiny_models["llama"]
+    eng = make_engine(path, enable_prefix_cache=True)
+    ids = rand_ids(33, seed=27)
+    p = per_row(0, ids, 8)
+    check_rows(eng.generate([ids], p, check=True)[0], path, ids, p)
+    projected: list[int] = []
+    head = eng.model.compute_logits
+    eng.model.compute_logits = lambda h: (projected.append(h.shape[0]), head(h))[1]  # type: ignore[method-assign]
+    warm = eng.generate([ids], p, check=True)[0]
+    check_rows(warm, path, ids, p)
+    assert warm.cached_tokens == 32 and sum(projected) == 0
