@@ -180,10 +180,14 @@ async def _item(parsed: Parsed, i: int, prompt: Any, token_ids: Any, rid: str, i
     if start >= 0:
         enforce(sg.start_in_prompt(start, len(ids)))
     scored_rows = len(ids) - start - 1 if start >= 0 else 0
-    max_new = sp.max_new_tokens if sp.max_new_tokens is not None else 1 << 30
-    enforce(sg.negative_max_new(max_new))
-    # SGLang's scheduler bounds max_new_tokens by the context left (init_req_max_new_tokens): never an error.
-    max_new = min(max_new, max(0, info.max_model_len - len(ids)))
+    enforce(rules.context_too_long(len(ids), 0, info.max_model_len))
+    if sp.max_new_tokens is None:  # "up to the context": what the KV cache of one request holds, too
+        max_new = min(info.max_model_len, info.kv_capacity_tokens or info.max_model_len) - len(ids)
+    else:
+        enforce(sg.negative_max_new(sp.max_new_tokens))
+        # SGLang's scheduler bounds max_new_tokens by the context left (init_req_max_new_tokens): never an error.
+        max_new = min(sp.max_new_tokens, info.max_model_len - len(ids))
+    max_new = max(0, max_new)
     enforce(sg.nothing_to_do(max_new, scored_rows))
     if token_ids and isinstance(token_ids[0], list) and max_new > 0:
         raise InvalidRequest(sg.TOKEN_IDS_ON_OUTPUT, param="token_ids_logprob")

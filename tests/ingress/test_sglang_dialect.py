@@ -119,6 +119,7 @@ async def test_sampling_fields_reach_the_worker() -> None:
     ({"input_ids": [IDS, IDS], "sampling_params": [{"n": 1}, {"n": 2}]}, 400, "the same for every prompt"),
     ({"input_ids": IDS, "sampling_params": {"max_new_tokens": -1}}, 400, "at least 0"),
     ({"input_ids": IDS, "sampling_params": {"temperature": -1}}, 400, "temperature"),
+    ({"input_ids": list(range(70)), "sampling_params": {}}, 400, "exceeds the model's context length 64"),
     ({"text": "a" * 70, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 0}, 400,
      "exceeds the model"),
     ({"input_ids": [IDS, [1, 200]], "sampling_params": {}}, 400, "Item 1: Token id 200"),
@@ -187,3 +188,11 @@ def test_both_shapes_carry_the_same_values(ids: list[int], data: st.DataObject) 
     assert (b["prompt_tokens"], b["completion_tokens"], sgl["text"], sgl["output_ids"]) == (
         a["prompt_tokens"], a["completion_tokens"], seed["text"], seed["output_ids"])
     json.dumps(sgl)
+
+
+async def test_max_new_tokens_is_bounded_by_the_context_left() -> None:
+    """SGLang's scheduler rule: an explicit max_new_tokens is cut to the context left, null means up to it."""
+    backend = Backend()
+    await gen({"input_ids": IDS, "sampling_params": {"max_new_tokens": 100}}, backend)
+    await gen({"input_ids": IDS, "sampling_params": {"max_new_tokens": None}}, backend)
+    assert [r.params.max_tokens for r in backend.requests] == [59, 59]
