@@ -91,6 +91,13 @@ def nothing_to_compute(max_tokens: int, scores_input: bool) -> Violation | None:
     return Violation(NOTHING_TO_COMPUTE) if max_tokens == 0 and not scores_input else None
 
 
+# The request ids of one HTTP request, and the boundary's own precondition: both /generate shapes ask them.
+RID_NOT_STRING = "The rid must be a string for a single prompt."
+RID_PER_ITEM = "The rid of a batch must be a list of {n} strings, one per item."
+RID_REPEATED = "The rid of a batch must not repeat an id: each item is its own request."
+START_NEEDS_LOGPROB = "logprob_start_len requires return_logprob=True."
+ITEM = "Item {i}: {message}"
+
 NOT_TEXT = "The {what} is not valid text: it holds a lone UTF-16 surrogate ({char!r})."
 
 

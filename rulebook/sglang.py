@@ -46,6 +46,8 @@ UNSUPPORTED_FIELDS: Mapping[str, tuple[Any, ...]] = {
 
 UNSUPPORTED = ("The {where}{name} ({value!r}) is not supported by this server: it would change the answer, and is "
                "never silently ignored. Remove it{off}.")
+ONE_PROMPT = "You must specify exactly one of text or input_ids."
+EMPTY_LIST = "The {field} must not be an empty list"
 UNKNOWN_SAMPLING = "The sampling_params.{name} is not a field of SGLang's sampling parameters."
 SAMPLING_NOT_OBJECT = "The sampling_params must be an object, or a list of objects (one per prompt)."
 PER_ITEM_LENGTH = "The {name} list has {n} entries; the batch has {items} prompts: give one per prompt, or one value."
@@ -58,7 +60,6 @@ START_PAST_END = ("The logprob_start_len {start} is past the prompt's last posit
                   "{num_ids}; SGLang's entries are input_ids[logprob_start_len:]).")
 START_BELOW = "The logprob_start_len {start} must be -1 (output tokens only) or at least 0."
 MAX_NEW_NEGATIVE = "The sampling_params.max_new_tokens {value} must be at least 0."
-ITEM = "Item {i}: {message}"
 TOKEN_IDS_ON_OUTPUT = ("A token_ids_logprob of per-row lists belongs to the input rows only: with "
                        "sampling_params.max_new_tokens > 0 give one flat list (reported for input and output "
                        "tokens alike), or score with max_new_tokens 0.")

@@ -71,7 +71,7 @@ def split_batch(body: GenerateBody) -> list[GenerateBody] | None:
         items, key = body.input_ids, "input_ids"  # type: ignore[assignment]  # a list of id lists
     else:
         if isinstance(body.rid, list):
-            raise InvalidRequest("The rid must be a string for a single prompt.")
+            raise InvalidRequest(rules.RID_NOT_STRING)
         return None
     if not items:
         raise InvalidRequest("The prompt must not be an empty list")
@@ -79,9 +79,9 @@ def split_batch(body: GenerateBody) -> list[GenerateBody] | None:
     base = current_request_id() or uuid.uuid4().hex
     rids = body.rid if body.rid is not None else [f"{base}-{i}" for i in range(len(items))]
     if not isinstance(rids, list) or len(rids) != len(items):
-        raise InvalidRequest(f"The rid of a batch must be a list of {len(items)} strings, one per item.")
+        raise InvalidRequest(rules.RID_PER_ITEM.format(n=len(items)))
     if len(set(rids)) != len(rids):  # two items under one id would be one request to the worker
-        raise InvalidRequest("The rid of a batch must not repeat an id: each item is its own request.")
+        raise InvalidRequest(rules.RID_REPEATED)
     other = "input_ids" if key == "prompt" else "prompt"
     return [body.model_copy(update={key: item, other: None, "rid": rid}) for item, rid in zip(items, rids, strict=True)]
 
@@ -92,7 +92,7 @@ def validate_batch(items: list[GenerateBody], info: ModelInfo) -> None:
         try:
             validate(item, info)
         except InvalidRequest as exc:
-            raise InvalidRequest(f"Item {i}: {exc.message}") from exc
+            raise InvalidRequest(rules.ITEM.format(i=i, message=exc.message)) from exc
 
 
 def _check_scoring(body: GenerateBody, info: ModelInfo, with_generation: bool = False) -> None:
@@ -106,7 +106,7 @@ def _check_scoring(body: GenerateBody, info: ModelInfo, with_generation: bool = 
                                           None if output_ids else body.token_ids_logprob))
         return
     if body.return_logprob is not True:
-        raise InvalidRequest("logprob_start_len requires return_logprob=True.")
+        raise InvalidRequest(rules.START_NEEDS_LOGPROB)
     if info.logprobs_mode not in SCORING_MODES:
         raise InvalidRequest("logprob_start_len requires raw_logits or raw_logprobs mode.")
     if body.max_tokens != 0 and not with_generation:

@@ -59,11 +59,11 @@ def parse(raw: dict[str, Any]) -> Parsed:
     enforce(sg.unsupported_field(raw))
     body = SGLangBody.model_validate(raw)
     if (body.text is None) == (body.input_ids is None):
-        raise InvalidRequest("You must specify exactly one of text or input_ids.", param="text")
+        raise InvalidRequest(sg.ONE_PROMPT, param="text")
     prompts: Any = body.text if body.text is not None else body.input_ids
     if isinstance(prompts, list) and not prompts:
         field = "input_ids" if body.text is None else "text"
-        raise InvalidRequest(f"The {field} must not be an empty list", param=field)
+        raise InvalidRequest(sg.EMPTY_LIST.format(field=field), param=field)
     single = isinstance(prompts, str) or isinstance(prompts[0], int)
     items = [prompts] if single else list(prompts)
     raw_sampling = body.sampling_params
@@ -119,7 +119,7 @@ async def build(parsed: Parsed, info: ModelInfo, tokenize: Tokenize) -> list[Ite
             except InvalidRequest as exc:
                 if parsed.single and n == 1:
                     raise
-                raise InvalidRequest(sg.ITEM.format(i=j, message=exc.message), param=exc.param) from exc
+                raise InvalidRequest(rules.ITEM.format(i=j, message=exc.message), param=exc.param) from exc
     return out
 
 
@@ -145,19 +145,18 @@ def _rids(rid: str | list[str] | None, n_items: int, n: int, single: bool) -> li
     the copy's number, so every worker request has its own id."""
     if single and n == 1:
         if isinstance(rid, list):
-            raise InvalidRequest("The rid must be a string for a single prompt.", param="rid")
+            raise InvalidRequest(rules.RID_NOT_STRING, param="rid")
         return [rid or current_request_id() or uuid.uuid4().hex]
     if isinstance(rid, list):
         if len(rid) != n_items:
-            raise InvalidRequest(f"The rid of a batch must be a list of {n_items} strings, one per prompt.",
-                                 param="rid")
+            raise InvalidRequest(rules.RID_PER_ITEM.format(n=n_items), param="rid")
         base = rid
     else:
         stem = rid or current_request_id() or uuid.uuid4().hex
         base = [f"{stem}_{i}" for i in range(n_items)]
     ids = base if n == 1 else [f"{r}_{c}" for c in range(n) for r in base]
     if len(set(ids)) != len(ids):
-        raise InvalidRequest("The rid of a batch must not repeat an id: each prompt is its own request.", param="rid")
+        raise InvalidRequest(rules.RID_REPEATED, param="rid")
     return ids
 
 
@@ -168,7 +167,7 @@ async def _item(parsed: Parsed, i: int, prompt: Any, token_ids: Any, rid: str, i
     start = int(_pick(body.logprob_start_len, i, -1))
     k = int(_pick(body.top_logprobs_num, i, 0))
     if start >= 0 and not want:
-        raise InvalidRequest("logprob_start_len requires return_logprob=True.", param="logprob_start_len")
+        raise InvalidRequest(rules.START_NEEDS_LOGPROB, param="logprob_start_len")
     if start < -1:
         enforce(sg.start_in_prompt(start, 0))
     if isinstance(prompt, list):
