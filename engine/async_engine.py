@@ -18,9 +18,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine.commands import AbortRequest, AddRequest, Command, RunBetweenSteps, RunExclusive
+from engine.commands import AbortRequest, AddRequest, Command, Control, ControlKind, RunBetweenSteps, RunExclusive
 from engine.config import EngineConfig
 from engine.core.admission import OVERLOADED, AdmissionQueue
+from engine.core.pause import Pause
 from engine.llm_engine import LLMEngine, RequestError
 from engine.outputs import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -59,6 +60,7 @@ class AsyncEngine:
         # An exclusive call waiting for the engine to drain (run_exclusive) and the adds held back meanwhile.
         self._exclusive: tuple[Callable[[LLMEngine], Any], concurrent.futures.Future, int] | None = None
         self._held: list[AddRequest | RunExclusive] = []
+        self._pause = Pause(cfg.pause_timeout_s)  # only the engine thread reads or writes it
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = False
@@ -131,6 +133,24 @@ class AsyncEngine:
         self._wake.set()
         return done
 
+    def pause(self, mode: str) -> concurrent.futures.Future:
+        """Pause generation in SGLang's `mode` (engine/core/pause.py); the future holds how many requests were in."""
+        return self._command("pause", mode)
+
+    def resume(self) -> concurrent.futures.Future:
+        return self._command("resume")
+
+    def abort_live(self, request_id: str | None) -> concurrent.futures.Future:
+        """End a live request (None: every one) with finish_reason abort, its stream answered with what it produced
+        so far (SGLang's /abort_request); the future holds how many were aborted."""
+        return self._command("abort_live", request_id)
+
+    def _command(self, kind: ControlKind, arg: str | None = None) -> concurrent.futures.Future:
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(Control(kind, arg, done))
+        self._wake.set()
+        return done
+
     def stats(self) -> ServingStats:
         queued, queued_tokens = self.admission.queued
         engine = asdict(self.engine.stats())
@@ -195,8 +215,24 @@ class AsyncEngine:
             self._exclusive = (cmd.fn, cmd.done, paused)
         elif isinstance(cmd, RunBetweenSteps):
             _run_into(cmd.done, cmd.fn, self.engine)
+        elif isinstance(cmd, Control):
+            _run_into(cmd.done, lambda eng: self._control(cmd.kind, cmd.arg), self.engine)
         else:
             self.engine.abort_request(cmd.request_id)  # its stream is gone already: nothing to deliver
+
+    def _control(self, kind: str, arg: str | None = None) -> int:
+        if kind == "resume":
+            self._pause.end()
+            return 0
+        if kind == "pause":
+            count, outs = self._pause.start(self.engine, arg or "abort")
+        else:
+            rids = [arg] if arg is not None else list(self.engine.seqs)
+            outs = [out for rid in rids if (out := self.engine.abort_request(rid)) is not None]
+            count = len(outs)
+        for out in outs:
+            self._deliver(out)
+        return count
 
     def _add(self, cmd: AddRequest) -> None:
         try:
@@ -206,7 +242,8 @@ class AsyncEngine:
                                         finish_reason=FinishReason("error", message=str(e), code=400)))
 
     def _run_exclusive_when_drained(self) -> None:
-        if self._exclusive is None or self.engine.has_unfinished():
+        drained = not self.engine.has_unfinished() or (self._pause.active and self._pause.holds_no_kv(self.engine))
+        if self._exclusive is None or not drained:
             return
         fn, done, paused = self._exclusive
         self._exclusive = None
@@ -224,7 +261,10 @@ class AsyncEngine:
                 self._last_progress = time.monotonic()
                 self._run_commands()
                 self._run_exclusive_when_drained()
-                if not self.engine.has_unfinished():
+                if self._pause.active:  # no step; waiting requests time out (engine/core/pause.py)
+                    for out in self._pause.expired(self.engine):
+                        self._deliver(out)
+                if self._pause.active or not self.engine.has_unfinished():
                     self._wake.wait(timeout=1.0)
                     self._wake.clear()
                     continue

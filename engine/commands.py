@@ -8,7 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from engine.sampling_params import SamplingParams
 
@@ -50,4 +50,18 @@ class RunBetweenSteps:
     done: concurrent.futures.Future
 
 
-Command: TypeAlias = AddRequest | AbortRequest | RunExclusive | RunBetweenSteps
+# SGLang's generation controls (engine/core/pause.py): pause (arg: the mode), resume, abort_live (arg: a request
+# id, None: every live request).
+ControlKind: TypeAlias = Literal["pause", "resume", "abort_live"]
+
+
+@dataclass(frozen=True)
+class Control:
+    """Pause, resume or abort live requests between two steps; `done` gets how many requests it touched."""
+
+    kind: ControlKind
+    arg: str | None
+    done: concurrent.futures.Future
+
+
+Command: TypeAlias = AddRequest | AbortRequest | RunExclusive | RunBetweenSteps | Control

@@ -105,6 +105,9 @@ class EngineConfig:
     stuck_engine_timeout_s: float = _doc(120.0, "The worker's health check fails (Serve replaces it) when it has "
                                          "work and no engine step has finished for this long; busy is not stuck.")
 
+    pause_timeout_s: float = _doc(300.0, "While generation is paused (POST /pause_generation), a request waits at "
+                                  "most this long for POST /continue_generation, then ends with 503.")
+
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) <= 0:
@@ -119,7 +122,8 @@ class EngineConfig:
         if self.lora_adapters and (self.tensor_parallel_size > 1 or self.batch_invariant):
             raise ValueError("lora_adapters are served with tensor_parallel_size 1 and batch_invariant off only: an "
                              "adapter is neither split over ranks nor computed in the invariant mode's fixed tiles")
-        for name in ("max_queued_requests", "max_queued_tokens", "max_logprob_entries", "stuck_engine_timeout_s"):
+        for name in ("max_queued_requests", "max_queued_tokens", "max_logprob_entries", "stuck_engine_timeout_s",
+                     "pause_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_top_logprobs < 0:

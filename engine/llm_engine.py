@@ -113,6 +113,8 @@ class LLMEngine:
                   or rules.context_too_long(len(ids), p.max_tokens, self.max_model_len)
                   or rules.logprobs_disabled(p.return_logprob, self.config.logprobs_mode)
                   or (rules.start_past_end(p.logprob_start_len, len(ids)) if p.scores_input else None)
+                  or (rules.token_id_rows(p.token_ids_logprob, p.logprob_start_len, len(ids)) if p.scores_input
+                      else None)
                   or (None if p.classify else rules.nothing_to_compute(p.max_tokens, p.scores_input)))
         if broken:
             raise RequestError(broken.message)
@@ -200,7 +202,7 @@ class LLMEngine:
             return self._output(seq)
         if r.sampled is None:
             return None  # a prefill chunk that does not reach the end of the context
-        state.add_sampled(r.sampled_logprob, r.sampled_top)
+        state.add_sampled(r.sampled_logprob, r.sampled_top, r.sampled_token_ids)
         seq.finish_reason = self._stop_reason(seq, state, r.sampled)
         if seq.finish_reason is not None:
             self._finish(seq)

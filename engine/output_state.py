@@ -25,6 +25,8 @@ class OutputState:
             [] if want and params.top_logprobs_num > 0 else None)
         # A classify request's raw scores at its pooled position, once its prompt is computed.
         self.pooled: list[float] | None = None
+        self.output_token_ids_logprobs: list[list[TokenLogprob]] | None = (
+            [] if want and params.output_token_ids is not None else None)
         # Detokenized output text so far (after stop-string handling), written by the Detokenizer.
         self.text = ""
         # How much was sent: text characters, output token ids, output logprob rows; input rows go once.
@@ -44,11 +46,14 @@ class OutputState:
             if self.input_token_ranks is not None:
                 self.input_token_ranks.extend(r or 0 for r in (ranks or [None] * len(values)))
 
-    def add_sampled(self, value: TokenLogprob | None, top: list[TokenLogprob] | None) -> None:
+    def add_sampled(self, value: TokenLogprob | None, top: list[TokenLogprob] | None,
+                    token_ids: list[TokenLogprob] | None = None) -> None:
         if self.output_token_logprobs is not None and value is not None:
             self.output_token_logprobs.append(value)
             if self.output_top_logprobs is not None:
                 self.output_top_logprobs.append(top or [])
+            if self.output_token_ids_logprobs is not None:
+                self.output_token_ids_logprobs.append(token_ids or [])
 
     def streamable(self, seq: Sequence) -> int:
         """How much of the text may be sent now: hold back an unfinished multi-byte character and a tail that
@@ -85,6 +90,7 @@ class OutputState:
             output_token_logprobs=_since(self.output_token_logprobs, n_lp),
             output_top_logprobs=_since(self.output_top_logprobs, n_lp),
             pooled=self.pooled if seq.is_finished else None,
+            output_token_ids_logprobs=_since(self.output_token_ids_logprobs, n_lp),
             arrival_time=seq.arrival_time, scheduled_time=seq.scheduled_time, finished_time=seq.finished_time,
         )
         self.num_ids_sent = len(out_ids)

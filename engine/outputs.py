@@ -58,6 +58,8 @@ class RequestOutput:
     output_top_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
     # A classify request's raw scores (float32) at its pooled position: [num_labels], on its final delta only.
     pooled: list[float] | None = None
+    # Per generated token, the values of the request's (flat) token_ids_logprob at its position.
+    output_token_ids_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
     # Timings (time.monotonic seconds): arrival, first scheduled, finished.
     arrival_time: float | None = None
     scheduled_time: float | None = None

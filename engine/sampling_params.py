@@ -34,8 +34,10 @@ class SamplingParams:
     # Input-token scoring rows (and their top-k, token-id rows) are log_softmax(logits / T); None = not asked (1.0,
     # and not echoed). Sampling keeps its own `temperature`.
     input_logprob_temperature: float | None = None
-    # Token ids whose values are reported at every scored input position (SGLang's token_ids_logprob); None = none.
-    token_ids_logprob: list[int] | None = None
+    # Token ids whose values are reported at scored input positions (SGLang's token_ids_logprob): one list for every
+    # position, or a list of lists, one per scored row in order (on-policy distillation: the student's candidates of
+    # that position); None = none.
+    token_ids_logprob: list[int] | list[list[int]] | None = None
     # Each scored input token's rank in its row (1 = most likely; vLLM's: how many tokens have a value >= its own).
     return_input_ranks: bool = False
     # A classifier's request (/classify, /pooling): prefill only, answered with the raw scores of the pooled
@@ -71,6 +73,39 @@ class SamplingParams:
         return 1.0 if self.input_logprob_temperature is None else self.input_logprob_temperature
 
     @property
+    def per_row_token_ids(self) -> bool:
+        """token_ids_logprob is a list of lists, one per scored row."""
+        ids = self.token_ids_logprob
+        return bool(ids) and isinstance(ids[0], list)  # type: ignore[index]
+
+    def row_token_ids(self, lo: int, hi: int) -> list[list[int] | None]:
+        """The token ids of the scoring rows at input positions lo..hi (row p scores token p+1)."""
+        n = hi - lo + 1
+        if self.token_ids_logprob is None:
+            return [None] * n
+        if not self.per_row_token_ids:
+            return [self.token_ids_logprob] * n  # type: ignore[list-item]  # a flat list of ids
+        first = lo - self.logprob_start_len
+        return list(self.token_ids_logprob[first:first + n])  # type: ignore[arg-type]
+
+    @property
+    def output_token_ids(self) -> list[int] | None:
+        """The ids whose values each generated token reports (SGLang's output_token_ids_logprobs): a flat
+        token_ids_logprob, with return_logprob; per-row lists belong to the input rows only."""
+        if not self.return_logprob or self.token_ids_logprob is None or self.per_row_token_ids:
+            return None
+        return self.token_ids_logprob  # type: ignore[return-value]  # a flat list of ids
+
+    def num_token_ids_entries(self, input_rows: int) -> int:
+        """[value, token_id] entries of input_token_ids_logprobs over `input_rows` scored rows, and of
+        output_token_ids_logprobs over the tokens to generate."""
+        ids = self.token_ids_logprob or []
+        out = self.max_tokens * len(self.output_token_ids or ())
+        if self.per_row_token_ids:
+            return sum(len(row) for row in ids) + out  # type: ignore[arg-type]
+        return input_rows * len(ids) + out
+
+    @property
     def greedy(self) -> bool:
         # Not `== 0`: logits / 1e-40 overflows float32 and would sample from NaN probabilities.
         return self.temperature < MIN_TEMPERATURE
@@ -78,8 +113,8 @@ class SamplingParams:
     def logprob_entries(self, num_prompt_tokens: int) -> int:
         """How many [value, token_id] entries the answer holds at most: rows x (1 + k), where the rows are the
         scored input positions and, with return_logprob, one per token to generate, plus len(token_ids_logprob)
-        per scored input position. What the limit max_logprob_entries bounds (the answer's size and the worker's
-        memory for it)."""
+        per scored input position (each row's own list, when they are per row). What the limit max_logprob_entries
+        bounds (the answer's size and the worker's memory for it)."""
         input_rows = max(0, num_prompt_tokens - self.logprob_start_len - 1) if self.scores_input else 0
         rows = input_rows + (self.max_tokens if self.return_logprob else 0)
-        return rows * (1 + self.top_logprobs_num) + input_rows * len(self.token_ids_logprob or ())
+        return rows * (1 + self.top_logprobs_num) + self.num_token_ids_entries(input_rows)

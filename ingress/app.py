@@ -25,6 +25,7 @@ from ingress.openai.render.common import error_json as openai_error_json
 from ingress.openai.router import openai_router
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
+from ingress.weights.control import control_router
 from ingress.weights.routes import weights_router
 
 
@@ -83,4 +84,7 @@ def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
     app.include_router(weights_router(backend))
     # /v1/load_lora_adapter, /v1/unload_lora_adapter, /load_lora_adapter, /unload_lora_adapter (adapters/routes.py).
     app.include_router(adapters_router(backend))
+    # SGLang's control routes: /pause_generation, /continue_generation, /abort_request, /get_model_info,
+    # /get_server_info, /health_generate (weights/control.py).
+    app.include_router(control_router(backend))
     return app

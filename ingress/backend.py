@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 # How long an ingress replica trusts its copy of the adapter registry.
 ADAPTERS_TTL_S = 1.0
 WEIGHT_UPDATES_OFF = "Weight updates are off on this deployment (config field `weight_updates`)."
+CONTROLS_OFF = ("Generation controls reach every worker through the weight registry, which is off on this deployment "
+                "(config field `weight_updates`).")
 
 
 class Backend(Protocol):
@@ -112,6 +114,11 @@ class Backend(Protocol):
 
     async def unload_adapter(self, name: str) -> bool:
         """False when no adapter has the name."""
+        ...
+
+    async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
+        """SGLang's generation controls on every worker replica, through the same registry: "pause" (arg: the
+        mode), "continue", "abort" (arg: the request id, None: all). num_paused_requests: the requests touched."""
         ...
 
 
@@ -256,6 +263,14 @@ class HandleBackend:
         if registry is None:
             return WeightUpdateResult(False, "No worker replica has started: there is no cache to flush.")
         result: WeightUpdateResult = await registry.flush.remote()
+        return result
+
+    async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
+        registry = self._registry()
+        if registry is None:
+            return WeightUpdateResult(False, CONTROLS_OFF if self._weights_registry is None else
+                                      "No worker replica has started: there is no generation to control.")
+        result: WeightUpdateResult = await registry.control.remote(kind, arg)
         return result
 
     async def weight_version(self) -> str:

@@ -3,7 +3,7 @@
     rayscore-batch INPUT OUTPUT [--config configs/local.yaml]
                    [--text-column text | --ids-column input_ids]
                    [--context-column C --continuation-column X]
-                   [--start-column N] [--window W --stride S | --no-window] [--top-k K]
+                   [--start-column N] [--token-ids-column C] [--window W --stride S | --no-window] [--top-k K]
 
 INPUT: JSON lines, Parquet or CSV (by extension), a local path or any URI Ray Data reads. OUTPUT: a Parquet
 dataset, every input column passed through in the input's order, plus the score columns (docs/offline.md). A
@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--context-column", help="lm-eval loglikelihood: the context ...")
     src.add_argument("--continuation-column", help="... and the continuation scored after it")
     src.add_argument("--start-column", help="per-row logprob_start_len N (default 0): tokens N+1.. are scored")
+    src.add_argument("--token-ids-column", help="candidate token ids per row: a list of ids reported at every scored "
+                     "token, or one list per scored token (its own candidates); output column token_ids_logprobs")
     win = ap.add_argument_group("long documents")
     win.add_argument("--window", type=int, help="tokens per window (default: the model's context / KV cache)")
     win.add_argument("--stride", type=int, help="tokens between window starts (default: half the window)")
@@ -92,7 +94,7 @@ def make_job(args: argparse.Namespace) -> Any:
     if pair and (args.window or args.stride):
         raise ValueError("context/continuation pairs are scored whole: --window/--stride do not apply")
     cols = Columns(text=text, ids=args.ids_column, context=args.context_column,
-                   continuation=args.continuation_column, start=args.start_column)
+                   continuation=args.continuation_column, start=args.start_column, token_ids=args.token_ids_column)
     cfg = load_app_config(args.config, args.app)
     lo, hi = actor_bounds(cfg, args.min_actors, args.max_actors)
     return BatchJob(input=args.input, output=args.output, columns=cols, engine_config=cfg.engine_config(),

@@ -25,6 +25,8 @@ class Columns:
     context: str | None = None
     continuation: str | None = None
     start: str | None = None  # per-row logprob_start_len N; default 0
+    # Candidate token ids per row: a list of ints (every scored token) or one list per scored token.
+    token_ids: str | None = None
 
     def __post_init__(self) -> None:
         pair = self.context is not None or self.continuation is not None
@@ -41,7 +43,7 @@ class Columns:
         return self.context is not None
 
     def required(self) -> list[str]:
-        names = [self.text, self.ids, self.context, self.continuation, self.start]
+        names = [self.text, self.ids, self.context, self.continuation, self.start, self.token_ids]
         return [n for n in names if n is not None]
 
     def check(self, schema_names: list[str]) -> None:
@@ -61,15 +63,16 @@ def read_rows(table: pa.Table, cols: Columns) -> list[RowInput]:
     for i in range(n):
         # Without an `id` column a row is known by its place in the output, which keeps the input's order.
         label = f"id={ids[i]!r}" if ids is not None else ""
+        cands = get[cols.token_ids][i] if cols.token_ids else None
         if cols.pair:
             rows.append(RowInput(label, context=_or_empty(get[cols.context][i]),
-                                 continuation=_or_empty(get[cols.continuation][i])))
+                                 continuation=_or_empty(get[cols.continuation][i]), token_ids=cands))
             continue
         start = get[cols.start][i] if cols.start else 0
         if cols.ids:
-            rows.append(RowInput(label, ids=get[cols.ids][i] or [], start=start))
+            rows.append(RowInput(label, ids=get[cols.ids][i] or [], start=start, token_ids=cands))
         else:
-            rows.append(RowInput(label, text=_or_empty(get[cols.text][i]), start=start))
+            rows.append(RowInput(label, text=_or_empty(get[cols.text][i]), start=start, token_ids=cands))
     return rows
 
 
@@ -77,8 +80,12 @@ def _or_empty(value: object) -> object:
     return "" if value is None else value
 
 
+def _top_rows(rows: list[list[tuple[float, int]]] | None) -> list | None:
+    return None if rows is None else [[{"logprob": v, "token_id": t} for v, t in row] for row in rows]
+
+
 def result_columns(results: list[RowResult], top_k: int, pair: bool, flat: bool = False,
-                   classify: bool = False) -> dict[str, pa.Array]:
+                   classify: bool = False, token_ids: bool = False) -> dict[str, pa.Array]:
     """The columns the scorer adds; a row in error has nulls there and its message in `error`. flat: token_logprobs
     and top_logprobs in the compact encoding (engine/compact.py's columns, as the HTTP answers name them). A
     classifier's: num_tokens, `scores` (its raw float32 scores per label) and error."""
@@ -105,9 +112,9 @@ def result_columns(results: list[RowResult], top_k: int, pair: bool, flat: bool 
         out.update(flat_columns([None if r.top_logprobs is None else
                                  compact.encode_top_rows("top_logprobs", r.top_logprobs) for r in results]))
     elif top_k:
-        tops = [None if r.top_logprobs is None else
-                [[{"logprob": v, "token_id": t} for v, t in row] for row in r.top_logprobs] for r in results]
-        out["top_logprobs"] = pa.array(tops, TOP_TYPE)
+        out["top_logprobs"] = pa.array([_top_rows(r.top_logprobs) for r in results], TOP_TYPE)
+    if token_ids:
+        out["token_ids_logprobs"] = pa.array([_top_rows(r.token_ids_logprobs) for r in results], TOP_TYPE)
     out["error"] = pa.array([r.error for r in results], pa.string())
     return out
 
@@ -121,9 +128,9 @@ def flat_columns(rows: list[dict[str, Any] | None]) -> dict[str, pa.Array]:
 
 
 def append_results(table: pa.Table, results: list[RowResult], top_k: int, pair: bool, flat: bool = False,
-                   classify: bool = False) -> pa.Table:
+                   classify: bool = False, token_ids: bool = False) -> pa.Table:
     """Every input column passes through unchanged; a result column replaces an input column of its name."""
-    for name, array in result_columns(results, top_k, pair, flat, classify).items():
+    for name, array in result_columns(results, top_k, pair, flat, classify, token_ids).items():
         if name in table.column_names:
             table = table.drop_columns([name])
         table = table.append_column(name, array)

@@ -7,6 +7,7 @@ rows sharing a context (many continuations of one question) share its KV blocks 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from engine.llm_engine import LLMEngine, RequestError
 from engine.outputs import RequestOutput, merge_outputs
 from engine.sampling_params import SamplingParams
 from offline.plan import RowError, RowPlan, Windows, plan_ids, plan_pair, plan_text
+from rulebook import rules
 
 # top_logprobs entries: (logprob, token_id), most likely first.
 Top = list[tuple[float, int]]
@@ -30,6 +32,9 @@ class RowInput:
     context: object = None
     continuation: object = None
     start: object = 0  # validated by DatasetScorer.plan: a non-negative integer (None: 0)
+    # Candidate ids whose values are reported at every scored token (a list of ints), or one list per scored token
+    # (on-policy distillation: the student's candidates of that position); None: none asked.
+    token_ids: object = None
 
 
 @dataclass
@@ -40,6 +45,8 @@ class RowResult:
     is_greedy: bool | None = None  # lm-eval pairs only
     # A classifier's raw scores at the row's pooled position ([num_labels]); None for a causal LM.
     scores: list[float] | None = None
+    # Per scored token, (logprob, token_id) of each candidate id asked, in the order asked.
+    token_ids_logprobs: list[Top] | None = None
     error: str | None = None
 
     @property
@@ -106,7 +113,7 @@ class DatasetScorer:
         for r, row in enumerate(rows):
             try:
                 plans[r] = plan = self.plan(row)
-                self._submit(r, plan, rids)
+                self._submit(r, plan, rids, row.token_ids)
             except (RowError, RequestError) as e:
                 plans.pop(r, None)
                 results[r].error = f"row {row.label}: {e}" if row.label else str(e)
@@ -143,15 +150,16 @@ class DatasetScorer:
                 results[r].scores = out.pooled
         return results
 
-    def _submit(self, r: int, plan: RowPlan, rids: dict[str, tuple[int, int]]) -> None:
+    def _submit(self, r: int, plan: RowPlan, rids: dict[str, tuple[int, int]], token_ids: object = None) -> None:
         k_top = max(self.top_k, 1 if plan.wants_greedy else 0)
+        per_piece = _token_ids_per_piece(token_ids, plan)
         added: list[str] = []
         try:
             for k, piece in enumerate(plan.pieces):
                 rid = f"b{self._batches}-r{r}-p{k}"
                 self.engine.add_request(rid, piece.ids, SamplingParams(
                     max_tokens=0, return_logprob=True, logprob_start_len=piece.start, top_logprobs_num=k_top,
-                    input_logprob_temperature=self.temperature))
+                    input_logprob_temperature=self.temperature, token_ids_logprob=per_piece[k]))
                 added.append(rid)
                 rids[rid] = (r, k)
         except RequestError:
@@ -171,6 +179,7 @@ class DatasetScorer:
     def _combine(self, plan: RowPlan, pieces: list[RequestOutput]) -> RowResult:
         values: list[float] = []
         tops: list[Top] = []
+        cands: list[Top] | None = None
         greedy = True
         for out in pieces:
             reason = out.finish_reason
@@ -178,13 +187,43 @@ class DatasetScorer:
                 return RowResult(error=f"engine: {reason.message or reason.type}")
             rows = out.input_token_logprobs or []
             values.extend(v for v, _ in rows)
+            if out.input_token_ids_logprobs is not None:
+                cands = (cands or []) + [[(v, t) for v, t in row] for row in out.input_token_ids_logprobs]
             for (v, _), top in zip(rows, out.input_top_logprobs or [[] for _ in rows], strict=True):
                 # Greedy: the scored token is a most likely one (a tie with the top-1 counts).
                 greedy = greedy and bool(top) and v >= top[0][0]
                 tops.append([(tv, tid) for tv, tid in top[:self.top_k]])
         return RowResult(num_tokens=plan.num_tokens, token_logprobs=values,
                          top_logprobs=tops if self.top_k else None,
-                         is_greedy=greedy if plan.wants_greedy else None)
+                         is_greedy=greedy if plan.wants_greedy else None, token_ids_logprobs=cands)
+
+
+def _token_ids_per_piece(value: object, plan: RowPlan) -> list[list[int] | list[list[int]] | None]:
+    """Each piece's token_ids_logprob: a flat list for every piece, or the piece's own slice of the per-token lists
+    (the pieces' rows, concatenated, are the row's scored tokens in order)."""
+    if value is None:
+        return [None] * len(plan.pieces)
+    if isinstance(value, str):  # CSV has no list type: the cell is the JSON text of the list
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise RowError(f"the token ids are not a JSON list: {exc}") from exc
+    if not isinstance(value, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) or isinstance(t, list) and all(
+                isinstance(u, int) and not isinstance(u, bool) for u in t) for t in value):
+        raise RowError("the token ids must be a list of integers, or a list of lists of them (one per scored token)")
+    counts = [len(p.ids) - p.start - 1 for p in plan.pieces]
+    broken = rules.token_id_count(value, sum(counts))
+    if broken is not None:
+        raise RowError(broken.message)
+    if not value or not isinstance(value[0], list):
+        return [list(value) for _ in plan.pieces]  # type: ignore[misc]  # a flat list of ints, checked above
+    out: list[list[int] | list[list[int]] | None] = []
+    at = 0
+    for n in counts:
+        out.append([list(row) for row in value[at:at + n]])
+        at += n
+    return out
 
 
 def _text(value: object, name: str) -> str:

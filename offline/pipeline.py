@@ -89,7 +89,7 @@ class ScoreActor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = read_rows(batch, self.columns)
         return append_results(batch, self.scorer.score(rows), self.top_k, self.columns.pair, self.flat,
-                              self.scorer.classifier)
+                              self.scorer.classifier, self.columns.token_ids is not None)
 
 
 def input_format(path: str) -> str:

@@ -43,16 +43,11 @@ REQUEST_ID_IN_USE = "request id {rid!r} is already in use"
 TOP_K_NEEDS_LOGPROB = "top_logprobs_num requires return_logprob=True."
 ONE_PROMPT_FORM = "You must specify exactly one of prompt or input_ids"
 NO_IMAGES = "image input is not supported by this server."
-START_NEEDS_LOGPROB = "logprob_start_len requires return_logprob=True."
 START_NEEDS_RAW_MODE = "logprob_start_len requires raw_logits or raw_logprobs mode."
 START_NEEDS_SCORING_ONLY = "logprob_start_len requires max_tokens=0."
 START_NEEDS_IDS = "logprob_start_len requires input_ids."
 # A /generate batch (a list of prompts or of id lists).
-SINGLE_RID = "The rid must be a string for a single prompt."
 EMPTY_BATCH = "The prompt must not be an empty list"
-BATCH_RIDS = "The rid of a batch must be a list of {n} strings, one per item."
-BATCH_RID_REPEATS = "The rid of a batch must not repeat an id: each item is its own request."
-BATCH_ITEM = "Item {i}: {message}"
 
 @dataclass(frozen=True)
 class Violation:
@@ -72,7 +67,8 @@ class Sampling(Protocol):
     seed: int | None
     top_logprobs_num: int
     input_logprob_temperature: float | None
-    token_ids_logprob: list[int] | None
+    token_ids_logprob: list[int] | list[list[int]] | None
+    logprob_start_len: int
     stop: list[str]
     stop_token_ids: list[int]
 
@@ -132,6 +128,13 @@ def nothing_to_compute(max_tokens: int, scores_input: bool) -> Violation | None:
     return Violation(NOTHING_TO_COMPUTE) if max_tokens == 0 and not scores_input else None
 
 
+# The request ids of one HTTP request, and the boundary's own precondition: both /generate shapes ask them.
+RID_NOT_STRING = "The rid must be a string for a single prompt."
+RID_PER_ITEM = "The rid of a batch must be a list of {n} strings, one per item."
+RID_REPEATED = "The rid of a batch must not repeat an id: each item is its own request."
+START_NEEDS_LOGPROB = "logprob_start_len requires return_logprob=True."
+ITEM = "Item {i}: {message}"
+
 NOT_TEXT = "The {what} is not valid text: it holds a lone UTF-16 surrogate ({char!r})."
 
 
@@ -176,12 +179,51 @@ def input_logprob_temperature(temp: float | None) -> Violation | None:
     return None if ok else Violation(SCORING_TEMPERATURE.format(value=temp), param="input_logprob_temperature")
 
 
-def needs_input_scoring(temp: float | None, token_ids: Sequence[int] | None) -> Violation | None:
+def needs_input_scoring(temp: float | None, token_ids: Sequence[Any] | None) -> Violation | None:
     """The scoring fields on a request that scores no input: they would be silently ignored."""
     for name, value in (("input_logprob_temperature", temp), ("token_ids_logprob", token_ids)):
         if value is not None:
             return Violation(NEEDS_INPUT_SCORING.format(name=name), param=name)
     return None
+
+
+TOKEN_ID_ROWS = ("The token_ids_logprob has {lists} lists, one per scored row, but the request scores {rows} rows "
+                 "(input_ids[{first}:], logprob_start_len {start} + 1 onwards).")
+TOKEN_ID_LISTS_MIXED = "The token_ids_logprob must be a list of token ids or a list of lists of them, not a mix."
+TOKEN_ID_COUNT = "The token ids have {lists} lists, one per scored token, but {rows} tokens are scored."
+
+
+def token_id_count(token_ids: Sequence[Any] | None, rows: int) -> Violation | None:
+    """The same rule where the scored rows are not one request's (offline rows split into windows): a flat list
+    applies to every row, a list of lists needs one per scored row."""
+    if not token_ids:
+        return None
+    nested = [isinstance(row, list) for row in token_ids]
+    if any(nested) and not all(nested):
+        return Violation(TOKEN_ID_LISTS_MIXED, param="token_ids_logprob")
+    if all(nested) and len(token_ids) != rows:
+        return Violation(TOKEN_ID_COUNT.format(lists=len(token_ids), rows=rows), param="token_ids_logprob")
+    return None
+
+
+def token_id_rows(token_ids: Sequence[Any] | None, start: int, num_ids: int) -> Violation | None:
+    """Per-row candidate ids (a list of lists) need exactly one list per scored row, input_ids[start+1:]; a flat
+    list applies to every row."""
+    if not token_ids:
+        return None
+    nested = [isinstance(row, list) for row in token_ids]
+    if any(nested) and not all(nested):
+        return Violation(TOKEN_ID_LISTS_MIXED, param="token_ids_logprob")
+    rows = max(0, num_ids - start - 1)
+    if all(nested) and len(token_ids) != rows:
+        return Violation(TOKEN_ID_ROWS.format(lists=len(token_ids), rows=rows, first=start + 1, start=start),
+                         param="token_ids_logprob")
+    return None
+
+
+def flat(values: Sequence[Any]) -> list[Any]:
+    """A list field's entries, a list of lists (per-row token ids) read row by row."""
+    return [x for v in values for x in (v if isinstance(v, list) else (v,))]
 
 
 @dataclass(frozen=True)
@@ -225,7 +267,7 @@ def sampling_violation(params: Sampling, vocab_size: int) -> Violation | None:
     """The first sampling rule `params` breaks (`param` = the field)."""
     for rule in SAMPLING_RULES:
         value = getattr(params, rule.field)
-        for item in (value or ()) if rule.each else (value,):
+        for item in flat(value or ()) if rule.each else (value,):
             if not rule.ok(item, vocab_size):
                 return Violation(rule.text.format(value=item, vocab=vocab_size), param=rule.field)
     return None

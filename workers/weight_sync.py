@@ -97,6 +97,12 @@ class WeightSync:
                                                       op.abort_all).result()
             elif op.kind == "flush":
                 self.engine.run_between_steps(lambda eng: eng.flush_cache()).result()
+            elif op.kind == "pause":
+                paused = self.engine.pause(op.arg or "abort").result()
+            elif op.kind == "continue":
+                self.engine.resume().result()
+            elif op.kind == "abort":
+                paused = self.engine.abort_live(op.arg).result()
             return WeightAck(self.replica, op.seq, True, paused=paused)
         except WeightUpdateError as exc:
             return WeightAck(self.replica, op.seq, False, str(exc))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from workers.protocol import DEFAULT_WEIGHT_VERSION, WeightUpdate, WeightUpdateResult
 
@@ -29,10 +29,11 @@ LEASE_S = 10.0
 @dataclass(frozen=True)
 class WeightOp:
     seq: int
-    kind: str  # "prepare" | "commit" | "discard" | "flush"
+    kind: str  # "prepare" | "commit" | "discard" | "flush" | the control kinds: "pause" | "continue" | "abort"
     path: str | None = None
     version: str | None = None
     abort_all: bool = False
+    arg: str | None = None  # pause: the mode; abort: the request id (None: every request)
 
 
 @dataclass(frozen=True)
@@ -118,11 +119,22 @@ class WeightRegistry:
                 return WeightUpdateResult(False, failed[0].message if failed else "No worker replica is running.")
             return WeightUpdateResult(True, "Cache flushed.", 0, self.record.version)
 
+    async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
+        """SGLang's generation controls on every replica alive (pause in a mode, continue, abort by id or all); the
+        count is the requests they touched, summed over the replicas."""
+        async with self.one_at_a_time:
+            acks = await self._run(WeightOp(0, kind, arg=arg))
+            failed = [a for a in acks if not a.ok]
+            if not acks or failed:
+                return WeightUpdateResult(False, failed[0].message if failed else "No worker replica is running.")
+            return WeightUpdateResult(True, f"{kind} done on {len(acks)} replica(s).", sum(a.paused for a in acks),
+                                      self.record.version)
+
     async def _run(self, op: WeightOp) -> list[WeightAck]:
         """Publish `op` and wait for the answer of every replica alive (or the timeout: then a failed answer)."""
         async with self.changed:
             seq = self.record.seq + 1
-            self.op = WeightOp(seq, op.kind, op.path, op.version, op.abort_all)
+            self.op = replace(op, seq=seq)
             self.record = WeightRecord(self.record.path, self.record.version, seq)
             now = time.monotonic()
             alive = {r for r, t in self.seen.items() if now - t < LEASE_S}

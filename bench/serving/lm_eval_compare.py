@@ -106,6 +106,12 @@ def rayscore_args(base_url: str, tokenizer: Path | None = None, num_concurrent: 
             f"num_concurrent={num_concurrent},max_retries=1")
 
 
+def sglang_args(generate_url: str, tokenizer: Path) -> str:
+    """sglang-generate against rayscore's /generate in SGLang's dialect (a local tokenizer: the backend sends ids)."""
+    return (f"model={MODEL},base_url={generate_url},tokenizer_backend=huggingface,tokenizer={tokenizer},"
+            "tokenized_requests=True,max_retries=1")
+
+
 def compare(ours: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
     """Agreement of two runs: metric values, loglikelihoods (max |difference|), is_greedy flags."""
     assert ours["requests"].keys() == ref["requests"].keys()

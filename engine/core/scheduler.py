@@ -158,6 +158,13 @@ class Scheduler:
             limit = min(limit, seq.pool_position)  # likewise, the pooled row is computed
         return max(0, limit)
 
+    def retract_all(self) -> int:
+        """Every running request gives back its KV blocks and waits first, in its order (paused generation)."""
+        seqs = list(self.running)
+        for seq in reversed(seqs):
+            self._preempt(seq)
+        return len(seqs)
+
     def _preempt(self, seq: Sequence) -> None:
         """Free everything the request holds and queue it first for recompute. Produced scoring rows and
         generated tokens are kept: recompute covers prompt + generated tokens and skips rows already made."""

@@ -66,8 +66,9 @@ def stage_weights(engine: LLMEngine, path: str) -> StagedWeights:
 @torch.inference_mode()
 def apply_weights(engine: LLMEngine, staged: StagedWeights, version: str) -> None:
     """Copy the staged parameters into the live model and empty every cache built on the old ones. Only between
-    steps with no request in the engine (the caller drains or aborts them first)."""
-    assert not engine.has_unfinished(), "weights change only when no request is in the engine"
+    steps with no request computing in the engine (the caller drains, aborts or retracts them first: a retracted
+    request recomputes on the new weights)."""
+    assert not engine.scheduler.running, "weights change only when no request holds KV blocks"
     for name, tensor in engine.model.named_parameters():
         tensor.copy_(staged.params[name])
     engine.flush_cache()

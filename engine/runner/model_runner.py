@@ -23,7 +23,7 @@ from engine.outputs import TokenLogprob
 from engine.parallel.driver import TensorParallel
 from engine.runner.attention_choice import choose_attention
 from engine.runner.decode_graphs import DecodeGraphs
-from engine.runner.logprobs import row_scores, top_k_rows
+from engine.runner.logprobs import row_scores, token_id_rows, top_k_rows
 from engine.runner.lora import LoraManager
 from engine.runner.sampler import sample
 from engine.runner.score_chunks import score_chunk_rows
@@ -47,6 +47,8 @@ class ChunkResult:
     sampled_top: list[TokenLogprob] | None = None
     # A classify request's raw scores at its pooled position, when the chunk completes its prompt.
     pooled: list[float] | None = None
+    # The values of the request's token_ids_logprob at the sampled position (None: not asked).
+    sampled_token_ids: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -266,7 +268,7 @@ class ModelRunner:
         plan.targets.extend(seq.token_ids[lo + 1:hi + 2])
         plan.top_k.extend([seq.params.top_logprobs_num] * lay.num_score_rows)
         plan.temps.extend([seq.params.score_temperature] * lay.num_score_rows)
-        plan.token_ids.extend([seq.params.token_ids_logprob] * lay.num_score_rows)
+        plan.token_ids.extend(seq.params.row_token_ids(lo, hi))
         plan.ranks.extend([seq.params.return_input_ranks] * lay.num_score_rows)
         plan.slots.append(lay.slots[lo:hi + 1])
         plan.cached.extend([True] * num_cached + [False] * (lay.num_score_rows - num_cached))
@@ -349,8 +351,12 @@ class ModelRunner:
         picked = values.gather(1, tokens[:, None])[:, 0].tolist() if values is not None else None
         tops = top_k_rows(values, [s.params.top_logprobs_num if s.params.return_logprob else 0 for s in seqs]) \
             if values is not None else [None] * len(seqs)
+        asked = [s.params.output_token_ids for s in seqs]
+        cands = token_id_rows(values, asked) if values is not None and any(a is not None for a in asked) \
+            else [None] * len(seqs)
         for j, ((_, ci), tok) in enumerate(zip(rows, tokens.tolist(), strict=True)):
             results[ci].sampled = tok
             if want[j] and picked is not None:
                 results[ci].sampled_logprob = (picked[j], tok)
                 results[ci].sampled_top = tops[j]
+                results[ci].sampled_token_ids = cands[j]

@@ -3,8 +3,9 @@ log-sum-exp is already known (a cached position scored before) costs one dot pro
 projection: logprob(t) = h . W[t] - logsumexp(h . W). Exact either way (float32).
 
 The store holds the log-sum-exp of the raw logits (temperature 1): a row at another input_logprob_temperature, or one
-that asks for top-k or token-id values, needs the whole row and never takes the shortcut, and its log-sum-exp (of
-logits / T) is never stored.
+that asks for top-k, needs the whole row and never takes the shortcut, and its log-sum-exp (of logits / T) is never
+stored. A row asking for token ids (its own candidates: on-policy distillation) takes it: each candidate costs one
+more dot product, value(t) = h . W[t] - logsumexp, so a warm teacher row needs no vocabulary-wide projection.
 
 Batch-invariant mode never takes the shortcut: its dot product and subtraction round unlike the tiled projection's
 log-softmax, so a row's bits would follow whether its position was cached. Cached rows still come from the
@@ -20,6 +21,9 @@ from engine.models.llama import LlamaForCausalLM
 from engine.outputs import TokenLogprob
 from engine.parallel.driver import TensorParallel
 from engine.runner.logprobs import score_rows
+
+# (row, token) pairs per chunk of the shortcut, per row of the full path's block (see RowScorer._fast).
+FAST_PAIRS_PER_ROW = 16
 
 
 @dataclass
@@ -69,9 +73,8 @@ class RowScorer:
         may not be final yet), and only those that need no more than their own value at temperature 1."""
         device = hidden.device
         ranks = req.ranks or [False] * len(req.ks)
-        # A rank is counted over the whole row, as a top-k is.
-        whole = [k > 0 or t != 1.0 or ids is not None or r for k, t, ids, r in zip(req.ks, req.temps, req.token_ids,
-                                                                                  ranks, strict=True)]
+        # A rank is counted over the whole row, as a top-k is; token ids are single logits, as the target is.
+        whole = [k > 0 or t != 1.0 or r for k, t, r in zip(req.ks, req.temps, ranks, strict=True)]
         need_whole = torch.tensor(whole, device=device, dtype=torch.bool)
         n = len(req.ks)
         out = RowResult([None] * n, [None] * n, [None] * n, [None] * n)  # type: ignore[list-item]  # all filled below
@@ -116,11 +119,27 @@ class RowScorer:
             self.lse.index_copy_(0, req.slots[rows], got.lse)
 
     def _fast(self, hidden: torch.Tensor, req: RowRequest, mask: torch.Tensor, out: RowResult) -> None:
-        rows = mask.nonzero()[:, 0]
-        if not len(rows):
+        """Each row's target, and its token ids if it asks any, as (row, token) pairs: one logit each, minus the
+        row's stored log-sum-exp. Pairs go in chunks of FAST_PAIRS_PER_ROW x rows_per_block, whose [pairs, hidden]
+        buffers stay within the full path's [rows_per_block, vocab] (every served vocabulary is >= 16 x hidden)."""
+        rows = mask.nonzero()[:, 0].tolist()
+        if not rows:
             return
-        picked = self.head.target_logits(hidden[rows], req.targets[rows])  # [F]
-        if self.lse is not None:
-            picked = picked - self.lse[req.slots[rows]]
-        for i, val, tok in zip(rows.tolist(), picked.tolist(), req.targets[rows].tolist(), strict=True):
-            out.values[i] = (val, tok)
+        pairs = [(i, int(req.targets[i])) for i in rows]
+        for i in rows:
+            if req.token_ids[i] is not None:
+                out.token_ids[i] = []
+                pairs.extend((i, t) for t in req.token_ids[i] or ())
+        step = FAST_PAIRS_PER_ROW * self.rows_per_block
+        for lo in range(0, len(pairs), step):
+            chunk = pairs[lo:lo + step]
+            idx = torch.tensor([i for i, _ in chunk], device=hidden.device)
+            toks = torch.tensor([t for _, t in chunk], device=hidden.device)
+            vals = self.head.target_logits(hidden[idx], toks)  # [pairs]
+            if self.lse is not None:
+                vals = vals - self.lse[req.slots[idx]]
+            for n, ((i, tok), val) in enumerate(zip(chunk, vals.tolist(), strict=True)):
+                if lo + n < len(rows):  # the first len(rows) pairs are the targets
+                    out.values[i] = (val, tok)
+                else:
+                    out.token_ids[i].append((val, tok))  # type: ignore[union-attr]  # set to [] above

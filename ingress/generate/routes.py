@@ -1,18 +1,25 @@
-"""POST /generate: the contract's route, one prompt or SGLang's batch of prompts, over the shared lifecycle."""
+"""POST /generate: the contract's route, one prompt or SGLang's batch of prompts, over the shared lifecycle.
+
+One path, two dialects: a body with `sampling_params` or `text` is SGLang's native shape (ingress/sglang/), any other
+the seed's LMDeploy shape (the contract). The body is read here, once, and validated against its dialect's model.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Body, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from starlette.responses import Response
 
 from ingress.adapters.select import adapter_by_name
 from ingress.backend import Backend
 from ingress.classify.validation import check_causal
 from ingress.edge.openapi import error_responses
-from ingress.errors import InvalidRequest, JSONAnswer
+from ingress.errors import IngressError, InvalidRequest, JSONAnswer
 from ingress.generate.render import chunk_json, error_json, sse_event
 from ingress.generate.schemas import ErrorBody as ErrorModel
 from ingress.generate.schemas import GenerateBody, GenerateResponse
@@ -20,7 +27,11 @@ from ingress.generate.validation import split_batch, to_request, validate, valid
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
+from ingress.sglang.routes import SGLangGenerate
+from ingress.sglang.schemas import body_schema
+from ingress.sglang.translate import SamplingTypeError, parse
 from ingress.sse import SSE_DONE, sse_data
+from rulebook import sglang as sg
 from workers.protocol import GenerateChunk
 
 
@@ -30,8 +41,24 @@ class GenerateRoutes:
     def __init__(self, backend: Backend, settings: IngressSettings, retries: RetryCounter) -> None:
         self._backend = backend
         self._lifecycle = Lifecycle(backend, error_json, settings, retries)
+        self._sglang = SGLangGenerate(backend, self._lifecycle)
 
-    async def generate(self, body: GenerateBody, request: Request) -> Response:
+    async def generate(self, request: Request, raw: Annotated[dict[str, Any], Body()]) -> Response:
+        # FastAPI reads the body as a JSON object (its own 422 otherwise); the dialect's model validates it here.
+        if sg.is_sglang(raw):
+            try:
+                parsed = parse(raw)
+            except IngressError as exc:
+                return self._lifecycle.answer(exc)
+            except ValidationError as exc:
+                raise RequestValidationError(_in_body(exc.errors(include_url=False))) from exc
+            except SamplingTypeError as exc:
+                raise RequestValidationError(_in_body(exc.errors)) from exc
+            return await self._sglang.generate(parsed, request)
+        try:
+            body = GenerateBody.model_validate(raw)
+        except ValidationError as exc:
+            raise RequestValidationError(_in_body(exc.errors(include_url=False))) from exc
         return await self._lifecycle.run(request, lambda batch: self._generate(body, batch))
 
     async def _generate(self, body: GenerateBody, batch: Batch) -> Response:
@@ -71,6 +98,11 @@ def _adapter_field(body: GenerateBody) -> tuple[str | None, str]:
     return names.pop() if names else None, "lora_path"
 
 
+def _in_body(errors: Any) -> list[dict[str, Any]]:
+    """Pydantic's errors located as FastAPI locates a body's (`body`, field, ...)."""
+    return [{**e, "loc": ("body", *e["loc"])} for e in errors]
+
+
 async def _events(firsts: list[GenerateChunk], batch: Batch, indexed: bool, flat: bool = False
                   ) -> AsyncGenerator[str, None]:
     """One event per worker chunk, then one `[DONE]`; a failure once bytes are out is the final `error` event.
@@ -93,7 +125,9 @@ def generate_router(backend: Backend, settings: IngressSettings, retries: RetryC
     router = APIRouter()
     router.add_api_route(
         "/generate", routes.generate, methods=["POST"], response_model=None,
-        summary="Generate from, or score, a prompt or a batch of prompts",
+        openapi_extra={"requestBody": body_schema()},
+        summary="Generate from, or score, a prompt or a batch of prompts (the seed's shape, or SGLang's: "
+                "a body with sampling_params or text)",
         responses={
             200: {"model": GenerateResponse | list[GenerateResponse],
                   "content": {"text/event-stream": {}},

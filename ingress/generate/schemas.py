@@ -49,9 +49,10 @@ class GenerateBody(BaseModel):
         "temperature: at least 1e-5, finite; default 1. Input-token scoring only (logprob_start_len >= 0); sampling "
         "keeps `temperature`. Echoed as meta_info.input_logprob_temperature."
     )
-    token_ids_logprob: list[int] | None = Field(
+    token_ids_logprob: list[int] | list[list[int]] | None = Field(
         None, description="Token ids whose values are reported at every scored input position "
-        "(meta_info.input_token_ids_logprobs, in the order given); at most max_token_ids_logprob of them."
+        "(meta_info.input_token_ids_logprobs, in the order given); at most max_token_ids_logprob of them. Or a list "
+        "of lists, one per scored row (input_ids[logprob_start_len+1:], in order): each row's own candidates."
     )
     return_flat_logprobs_b64: bool = Field(
         False, description="meta_info's logprob fields as flat base64 arrays (little-endian float32 values, int32 "

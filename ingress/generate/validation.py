@@ -21,11 +21,14 @@ from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 SCORING_MODES = ("raw_logits", "raw_logprobs")
 
 
-def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None) -> None:
+def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None, with_generation: bool = False
+             ) -> None:
     """Raise InvalidRequest with the first failing rule's message; return when the body is valid.
 
     `prompt_len` is the token count of a text prompt when the caller knows it. The ingress does not
     (it has no tokenizer), so for a text prompt rule 11 is the worker's, after tokenizing.
+    `with_generation`: input-token scoring may come with generated tokens (SGLang's dialect, ingress/sglang/); the
+    contract's rule 9.3 (scoring only) is the seed shape's.
     """
     k = body.top_logprobs_num
     # 1-3: logprob options.
@@ -45,7 +48,7 @@ def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None)
         raise InvalidRequest(rules.NO_IMAGES)
     # 8-9: what to compute.
     enforce(rules.negative_max_tokens(body.max_tokens))
-    _check_scoring(body, info)
+    _check_scoring(body, info, with_generation)
     # 10-11: the prompt against the model.
     enforce(rules.token_out_of_range(body.input_ids or (), info.vocab_size))
     if isinstance(body.prompt, str):  # bounded and valid UTF-8 before the worker tokenizes it
@@ -68,7 +71,7 @@ def split_batch(body: GenerateBody) -> list[GenerateBody] | None:
         items, key = body.input_ids, "input_ids"  # type: ignore[assignment]  # a list of id lists
     else:
         if isinstance(body.rid, list):
-            raise InvalidRequest(rules.SINGLE_RID)
+            raise InvalidRequest(rules.RID_NOT_STRING)
         return None
     if not items:
         raise InvalidRequest(rules.EMPTY_BATCH)
@@ -76,9 +79,9 @@ def split_batch(body: GenerateBody) -> list[GenerateBody] | None:
     base = current_request_id() or uuid.uuid4().hex
     rids = body.rid if body.rid is not None else [f"{base}-{i}" for i in range(len(items))]
     if not isinstance(rids, list) or len(rids) != len(items):
-        raise InvalidRequest(rules.BATCH_RIDS.format(n=len(items)))
+        raise InvalidRequest(rules.RID_PER_ITEM.format(n=len(items)))
     if len(set(rids)) != len(rids):  # two items under one id would be one request to the worker
-        raise InvalidRequest(rules.BATCH_RID_REPEATS)
+        raise InvalidRequest(rules.RID_REPEATED)
     other = "input_ids" if key == "prompt" else "prompt"
     return [body.model_copy(update={key: item, other: None, "rid": rid}) for item, rid in zip(items, rids, strict=True)]
 
@@ -89,25 +92,29 @@ def validate_batch(items: list[GenerateBody], info: ModelInfo) -> None:
         try:
             validate(item, info)
         except InvalidRequest as exc:
-            raise InvalidRequest(rules.BATCH_ITEM.format(i=i, message=exc.message)) from exc
+            raise InvalidRequest(rules.ITEM.format(i=i, message=exc.message)) from exc
 
 
-def _check_scoring(body: GenerateBody, info: ModelInfo) -> None:
+def _check_scoring(body: GenerateBody, info: ModelInfo, with_generation: bool = False) -> None:
     """Rule 9: input-token scoring (logprob_start_len >= 0) is scoring only, over given ids."""
     n = body.logprob_start_len
     if n < 0:
         enforce(rules.nothing_to_compute(body.max_tokens, scores_input=False))
-        enforce(rules.needs_input_scoring(body.input_logprob_temperature, body.token_ids_logprob))
+        # SGLang's dialect reports a flat token_ids_logprob at generated tokens too (output_token_ids_logprobs).
+        output_ids = with_generation and body.return_logprob is True and body.max_tokens > 0
+        enforce(rules.needs_input_scoring(body.input_logprob_temperature,
+                                          None if output_ids else body.token_ids_logprob))
         return
     if body.return_logprob is not True:
         raise InvalidRequest(rules.START_NEEDS_LOGPROB)
     if info.logprobs_mode not in SCORING_MODES:
         raise InvalidRequest(rules.START_NEEDS_RAW_MODE)
-    if body.max_tokens != 0:
+    if body.max_tokens != 0 and not with_generation:
         raise InvalidRequest(rules.START_NEEDS_SCORING_ONLY)
     if body.input_ids is None:
         raise InvalidRequest(rules.START_NEEDS_IDS)
     enforce(rules.start_past_end(n, len(body.input_ids)))
+    enforce(rules.token_id_rows(body.token_ids_logprob, n, len(body.input_ids)))
 
 
 def sampling_params(body: GenerateBody) -> SamplingParams:
@@ -119,7 +126,14 @@ def sampling_params(body: GenerateBody) -> SamplingParams:
         skip_special_tokens=body.skip_special_tokens, include_stop_str_in_output=body.include_stop_str_in_output,
         return_logprob=bool(body.return_logprob), logprob_start_len=body.logprob_start_len,
         top_logprobs_num=body.top_logprobs_num or 0, input_logprob_temperature=body.input_logprob_temperature,
-        token_ids_logprob=list(body.token_ids_logprob) if body.token_ids_logprob is not None else None)
+        token_ids_logprob=_copy_ids(body.token_ids_logprob))
+
+
+def _copy_ids(ids: list[int] | list[list[int]] | None) -> list[int] | list[list[int]] | None:
+    """The carrier's own copy (a list of lists row by row: per-row candidates)."""
+    if ids is None:
+        return None
+    return [list(row) if isinstance(row, list) else row for row in ids]  # type: ignore[return-value]
 
 
 def to_request(body: GenerateBody) -> GenerateRequest:

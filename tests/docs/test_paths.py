@@ -22,7 +22,10 @@ CODE = TOPS[:8]
 # Made at run time, never committed (git ignores them): `python -m bench` writes bench/results/, `make docs` site/.
 MADE_AT_RUN_TIME = {"bench/results", "site"}
 # Files of other projects the text names on purpose: Ray Serve's proxy, vLLM's invariance test.
-EXTERNAL = {"proxy.py", "test_batch_invariance.py", "http_util.py"}
+EXTERNAL = {"proxy.py", "test_batch_invariance.py", "http_util.py", "sglang_rollout.py"}
+# Folders of other projects' repositories the text names on purpose: SGLang's (python/sglang/..., its sampling/),
+# slime's and AReaL's request code that the dialect tests replay.
+EXTERNAL_ROOTS = {"python", "sampling", "slime", "areal"}
 
 _ROOTED = re.compile(r"(?<![\w./-])(?:" + "|".join(re.escape(t) for t in TOPS) + r")/[\w./-]*")
 RELATIVE = re.compile(r"(?<![\w./-])([A-Za-z_][\w/]*\.(?:py|md|yaml|yml))(?![\w<*{])")
@@ -79,7 +82,7 @@ def relative_misses() -> list[str]:
         bases = [d for d in [path.parent, *path.parent.parents] if d == ROOT or ROOT in d.parents]
         for n, text in docstrings_and_comments(path):
             for name in RELATIVE.findall(text):
-                if name.split("/")[0] in TOPS or name in EXTERNAL:
+                if name.split("/")[0] in TOPS or name in EXTERNAL or name.split("/")[0] in EXTERNAL_ROOTS:
                     continue
                 ok = any((b / name).exists() for b in bases) if "/" in name else name in all_names
                 if not ok:

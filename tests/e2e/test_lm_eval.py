@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serving.lm_eval_compare import compare, hf_args, rayscore_args, run_lm_eval, write_task
+from bench.serving.lm_eval_compare import compare, hf_args, rayscore_args, run_lm_eval, sglang_args, write_task
 
 ATOL = 1e-4
 QUESTIONS = 20  # 80 loglikelihood requests per backend (two lm-eval processes: their start-up is most of the time)
@@ -43,3 +43,19 @@ def test_lm_eval_local_completions_equals_its_hf_backend(url: str, smollm2_path:
     assert agreement["max_abs_loglikelihood_diff"] <= ATOL
     assert agreement["acc"][0] == agreement["acc"][1] and agreement["acc_norm"][0] == agreement["acc_norm"][1]
     assert agreement["is_greedy_agree"] == f"{QUESTIONS * 4}/{QUESTIONS * 4}"
+
+
+def test_lm_eval_sglang_generate_equals_its_hf_backend(url: str, smollm2_path: Path, tmp_path: Path) -> None:
+    """lm-eval's `sglang-generate` backend, unmodified: SGLang's dialect of /generate (a batch of id lists,
+    max_new_tokens 1, logprob_start_len 0, top-1), parsed by lm-eval's own indexing of input_token_logprobs. Its
+    is_greedy is not compared: sglang-generate computes it as `token != top token` for every row, the opposite of hf."""
+    pytest.importorskip("lm_eval")
+    task_dir = write_task(tmp_path / "task", QUESTIONS)
+    ours = run_lm_eval("sglang-generate", sglang_args(url + "/generate", smollm2_path), task_dir,
+                       tmp_path / "rayscore", batch_size=4)
+    ref = run_lm_eval("hf", hf_args(smollm2_path), task_dir, tmp_path / "hf")
+    agreement = compare(ours, ref)
+    print(f"lm-eval sglang-generate wall time: rayscore {ours['wall_s']:.1f} s, hf {ref['wall_s']:.1f} s; {agreement}")
+    assert agreement["requests"] == QUESTIONS * 4
+    assert agreement["max_abs_loglikelihood_diff"] <= ATOL
+    assert agreement["acc"][0] == agreement["acc"][1] and agreement["acc_norm"][0] == agreement["acc_norm"][1]

@@ -88,6 +88,27 @@ def test_ids_from_csv_with_a_start_column(ray_cluster, smollm2_path: Path, tmp_p
         assert len(r["top_logprobs"]) == len(p) - 1 - i * 3 and len(r["top_logprobs"][0]) == 3
 
 
+def test_per_token_candidate_ids_column(ray_cluster, smollm2_path: Path, tmp_path: Path) -> None:
+    """--token-ids-column on JSONL: one candidate list per scored token (on-policy distillation), each value equal
+    to transformers' at that position; a flat list on another row applies to every scored token."""
+    from offline.cli import main
+
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 49152, (21,), generator=g).tolist()
+    cands = [torch.randint(0, 49152, (3,), generator=g).tolist() for _ in range(len(ids) - 4 - 1)]
+    src = tmp_path / "rows.jsonl"
+    src.write_text(json.dumps({"id": 0, "input_ids": ids, "n": 4, "cands": cands}) + "\n"
+                   + json.dumps({"id": 1, "input_ids": ids[:8], "n": 0, "cands": [[5, 9]] * 7}) + "\n")
+    assert main([str(src), str(tmp_path / "out"), "--config", str(CONFIG), "--max-actors", "1", "--ids-column",
+                 "input_ids", "--start-column", "n", "--token-ids-column", "cands"]) == 0
+    rows = pq.read_table(tmp_path / "out").to_pylist()
+    lp = torch.log_softmax(hf_logits(smollm2_path, ids), -1)
+    got = rows[0]["token_ids_logprobs"]
+    assert [[e["token_id"] for e in row] for row in got] == cands
+    assert max(abs(e["logprob"] - lp[4 + j, e["token_id"]].item()) for j, row in enumerate(got) for e in row) <= TOL
+    assert len(rows[1]["token_ids_logprobs"]) == 7 and rows[1]["error"] is None
+
+
 def test_missing_column_fails_before_any_work(ray_cluster, tmp_path: Path, capsys) -> None:
     from offline.cli import main
 

@@ -78,6 +78,7 @@ class FakeBackend:
         self.aborted: list[str] = []  # rids whose stream was closed or cancelled before its final chunk
         self.started = asyncio.Event()  # set once a stream was entered
         self.weight_updates: list[WeightUpdate] = []
+        self.controls: list[tuple[str, str | None]] = []
         self.version = DEFAULT_WEIGHT_VERSION
 
     async def model_info(self) -> ModelInfo:
@@ -145,6 +146,12 @@ class FakeBackend:
 
     async def unload_adapter(self, name: str) -> bool:
         return self.__dict__.setdefault("adapter_paths", {}).pop(name, None) is not None
+
+    # Generation controls: the real ones are the engine's and the registry's (tests/engine/test_pause.py,
+    # tests/e2e/test_sglang_control.py); this one records the calls.
+    async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
+        self.controls.append((kind, arg))
+        return WeightUpdateResult(True, f"{kind} done on 1 replica(s).", 2 if kind != "continue" else 0, self.version)
 
 
 def client(backend: FakeBackend) -> httpx.AsyncClient:

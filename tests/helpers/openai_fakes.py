@@ -48,14 +48,19 @@ def model(req: GenerateRequest):
         yield error_chunk(req.rid, "The prompt must not be an empty string", 400)
         return
     k = req.params.top_logprobs_num
-    rows = tops = ranks = None
-    if req.params.logprob_start_len >= 0:
-        rows = [[value(p, ids[p]), ids[p]] for p in range(req.params.logprob_start_len + 1, len(ids))]
+    rows = tops = ranks = cands = None
+    start = req.params.logprob_start_len
+    if start >= 0:
+        rows = [[value(p, ids[p]), ids[p]] for p in range(start + 1, len(ids))]
         tops = [[[-0.001 * j, j] for j in range(k)] for _ in rows] if k else None
         ranks = [rank(t) for _, t in rows] if req.params.return_input_ranks else None
+        if req.params.token_ids_logprob is not None:  # each row's own ids (one list for all, or per row)
+            asked = req.params.row_token_ids(start, len(ids) - 2)
+            cands = [[[value(start + 1 + r, t), t] for t in row or []] for r, row in enumerate(asked)]
     if req.params.max_tokens == 0:
         yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason("length"), prompt_tokens=len(ids),
-                            input_token_logprobs=rows, input_top_logprobs=tops, input_token_ranks=ranks)
+                            input_token_logprobs=rows, input_top_logprobs=tops, input_token_ranks=ranks,
+                            input_token_ids_logprobs=cands)
         return
     lp = req.params.return_logprob
     tok = ids[-1]
@@ -68,6 +73,7 @@ def model(req: GenerateRequest):
             input_token_logprobs=(rows if i == 0 else []) if rows is not None else None,
             input_top_logprobs=(tops if i == 0 else []) if tops is not None else None,
             input_token_ranks=(ranks if i == 0 else []) if ranks is not None else None,
+            input_token_ids_logprobs=(cands if i == 0 else []) if cands is not None else None,
             output_token_logprobs=[[value(len(ids) + i, tok), tok]] if lp else None,
             output_top_logprobs=([[[-0.001 * j, j] for j in range(k)]] if k else []) if lp else None)
 

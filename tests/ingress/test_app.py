@@ -364,6 +364,7 @@ async def test_openapi_and_docs():
     async with client(FakeBackend()) as c:
         spec = (await c.get("/openapi.json")).json()
         assert {"/generate", "/health"} <= set(spec["paths"])
-        props = spec["components"]["schemas"]["GenerateBody"]["properties"]
+        shapes = spec["paths"]["/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]["anyOf"]
+        props = next(shape for shape in shapes if shape["title"] == "GenerateBody")["properties"]
         assert {"input_ids", "prompt", "logprob_start_len", "top_logprobs_num", "rid"} <= set(props)
         assert (await c.get("/docs")).status_code == 200

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from offline.dataset_scorer import DatasetScorer, RowInput
-from offline.plan import Windows
+from offline.plan import Windows, plan_windows
 from tests.helpers.engine import make_engine
 from tests.helpers.reference import hf_scores
 
@@ -82,3 +83,38 @@ def test_temperature_option_scores_logits_over_t(engine, tiny_models: dict[str, 
     assert make_job(args).temperature == 0.7
     with pytest.raises(ValueError, match="input_logprob_temperature 0.0 must be finite and at least"):
         make_job(_parser().parse_args(["in.jsonl", "out", "--input-logprob-temperature", "0"]))
+
+
+def test_per_token_candidate_ids_across_windows_and_pairs(engine, tiny_models: dict[str, Path]) -> None:
+    """One candidate list per scored token (on-policy distillation), split across windows and on an lm-eval pair,
+    each value equal to transformers'; a flat list applies to every token; a wrong count names both numbers."""
+    import torch
+
+    from tests.helpers.reference import hf_logits
+
+    path = tiny_models["llama"]
+    ids = list(range(2, 40))
+    start = 3
+    cands = [[(7 * p) % 300, (11 * p) % 300 + 1][: 1 + p % 2] for p in range(len(ids) - start - 1)]
+    scorer = DatasetScorer(engine, Windows(16, 8))
+    rows = [RowInput("id=0", ids=ids, start=start, token_ids=cands),
+            RowInput("id=1", ids=ids[:12], start=0, token_ids=json.dumps([5, 9])),  # CSV: JSON text
+            RowInput("id=2", ids=ids, start=start, token_ids=cands[:-1])]
+    results = scorer.score(rows)
+    # Windowed: each token is scored once, in its window, on that window's context: the reference is transformers
+    # on the window's ids.
+    got = results[0].token_ids_logprobs
+    assert [[t for _, t in row] for row in got] == cands
+    j = 0
+    for begin, end, local in plan_windows(len(ids), start, Windows(16, 8)):
+        wlp = torch.log_softmax(hf_logits(path, ids[begin:end]), -1)
+        for q in range(local, end - begin - 1):
+            assert all(abs(v - float(wlp[q, t])) <= 1e-4 for v, t in got[j])
+            assert abs(results[0].token_logprobs[j] - float(wlp[q, ids[begin + q + 1]])) <= 1e-4
+            j += 1
+    assert j == len(cands)
+    flat = results[1].token_ids_logprobs
+    lp12 = torch.log_softmax(hf_logits(path, ids[:12]), -1)
+    assert len(flat) == 11 and all(abs(v - float(lp12[p, t])) <= 1e-4 for p, row in enumerate(flat) for v, t in row)
+    assert results[2].error == f"row id=2: The token ids have {len(cands) - 1} lists, one per scored token, but " \
+                               f"{len(cands)} tokens are scored."

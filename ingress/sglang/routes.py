@@ -1,0 +1,81 @@
+"""SGLang's /generate over the shared lifecycle: the same limits, admission, coalescing, request ids, deadline,
+disconnect and retry as the seed's shape (ingress/lifecycle.py); only the body and the answer are SGLang's.
+
+Not streamed, a body's items go in one unary worker call (Batch.answers, coalesced under load like the seed's);
+streamed, each item is its own worker stream and every event is the item's answer so far, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ingress.backend import Backend
+from ingress.errors import JSONAnswer
+from ingress.lifecycle import Batch, Lifecycle
+from ingress.sglang.render import Texts, answer_json, token_ids_needed
+from ingress.sglang.translate import Item, Parsed, build
+from ingress.sse import SSE_DONE, sse_data
+from workers.protocol import GenerateChunk, merge_outputs
+
+
+class SGLangGenerate:
+    """POST /generate for SGLang-shaped bodies (rulebook/sglang.py: how a body is told apart)."""
+
+    def __init__(self, backend: Backend, lifecycle: Lifecycle) -> None:
+        self._backend = backend
+        self._lifecycle = lifecycle
+
+    async def generate(self, parsed: Parsed, request: Request) -> Response:
+        started = time.monotonic()
+        return await self._lifecycle.run(request, lambda batch: self._work(parsed, batch, started))
+
+    async def _work(self, parsed: Parsed, batch: Batch, started: float) -> Response:
+        info = await self._backend.model_info()
+        items = await build(parsed, info, lambda text: self._backend.tokenize(text))
+        requests = [item.request for item in items]
+        as_list = len(items) > 1 or not parsed.single
+        if parsed.body.stream:
+            batch.open(requests, info)
+            firsts = await batch.firsts()
+            return batch.stream(self._events(items, firsts, batch, as_list, started))
+        wholes = await batch.answers(requests, info)
+        texts = await self._texts(items, wholes)
+        latency = time.monotonic() - started
+        answers = [answer_json(item, whole, texts, latency) for item, whole in zip(items, wholes, strict=True)]
+        return JSONAnswer(answers if as_list else answers[0])
+
+    async def _texts(self, items: list[Item], chunks: list[GenerateChunk]) -> Texts | None:
+        """Each token's text, for return_text_in_logprobs (one worker call for every id of the answer)."""
+        ids: set[int] = set()
+        for item, chunk in zip(items, chunks, strict=True):
+            ids |= token_ids_needed(item, chunk)
+        if not ids:
+            return None
+        ordered = sorted(ids)
+        return dict(zip(ordered, await self._backend.token_texts(ordered), strict=True))
+
+    async def _events(self, items: list[Item], firsts: list[GenerateChunk], batch: Batch, as_list: bool,
+                      started: float) -> AsyncGenerator[str, None]:
+        """Each worker chunk as the item's answer so far (a batch's events name their item: `index`), then [DONE]."""
+        merged: list[GenerateChunk | None] = [None] * len(items)
+
+        async def event(i: int, chunk: GenerateChunk) -> str:
+            so_far = merged[i]
+            whole = chunk if so_far is None else merge_outputs([so_far, chunk])
+            merged[i] = whole
+            texts = await self._texts([items[i]], [whole])
+            body: dict[str, Any] = answer_json(items[i], whole, texts, time.monotonic() - started)
+            return sse_data({**body, "index": i} if as_list else body)
+
+        for i, chunk in enumerate(firsts):
+            yield await event(i, chunk)
+        async with contextlib.aclosing(batch.rest()) as rest:
+            async for i, chunk in rest:
+                yield await event(i, chunk)
+        yield SSE_DONE

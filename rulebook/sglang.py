@@ -1,0 +1,156 @@
+"""The rules of SGLang's dialect of /generate (ingress/sglang/) and their messages, written once.
+
+A body is SGLang's when it has `sampling_params` or `text` (the seed's LMDeploy shape has neither); its fields are
+SGLang's `GenerateReqInput` and `SamplingParams` (python/sglang/srt/managers/io_struct.py, sampling/sampling_params.py).
+Every SGLang field this server cannot honour is refused by name when it is set to anything but its no-op value,
+never silently ignored: each of them would change the answer. Pure, like rules.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rulebook.rules import Violation
+
+# Top-level fields of the seed's shape that SGLang's shape puts inside `sampling_params` (or calls `text`).
+SEED_ONLY_FIELDS = ("prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+                    "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
+# What marks a body as SGLang's.
+SGLANG_MARKERS = ("sampling_params", "text")
+
+MIXED_SHAPES = ("The body mixes SGLang's /generate shape ({markers}) with fields of the seed's LMDeploy shape "
+                "({fields}). A body with `sampling_params` or `text` is SGLang's: put the sampling fields inside "
+                "`sampling_params` (max_tokens is max_new_tokens, seed is sampling_seed, prompt is text), or drop "
+                "`sampling_params`/`text` to use the seed's shape.")
+
+# sampling_params fields honoured as SGLang defines them.
+HONOURED_SAMPLING = frozenset({
+    "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos",
+    "skip_special_tokens", "no_stop_trim", "n", "sampling_seed", "spaces_between_special_tokens"})
+# sampling_params fields of SGLang's this server does not implement, with the values that mean "off" (accepted).
+UNSUPPORTED_SAMPLING: Mapping[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+    "min_new_tokens": (0,), "json_schema": (), "regex": (), "ebnf": (), "structural_tag": (), "stop_regex": (),
+    "custom_params": (), "logit_bias": ({},), "stream_interval": (1,)}
+# Top-level fields of SGLang's GenerateReqInput this server does not implement, with their "off" values.
+UNSUPPORTED_FIELDS: Mapping[str, tuple[Any, ...]] = {
+    "input_embeds": (), "image_data": ([],), "video_data": ([],), "audio_data": ([],), "lora_path": (),
+    "lora_id": (), "session_params": (), "custom_logit_processor": (), "return_hidden_states": (False,),
+    "return_routed_experts": (False,), "return_indexer_topk": (False,), "return_sampling_mask": (False,),
+    "return_flat_raw_top_logprobs": (False,), "return_flat_raw_top_logprobs_b64": (False,),
+    "return_entropy": (False,), "return_bytes": (False,), "return_prompt_token_ids": (False,),
+    "positional_embed_overrides": (), "multi_item_delimiter_indices": (), "max_thinking_tokens": (),
+    "require_reasoning": (False,), "priority": (), "bootstrap_host": (), "bootstrap_port": (), "bootstrap_room": (),
+    "bootstrap_pair_key": (), "mm_hashes": (), "mm_content_hashes": (), "modalities": (), "background": (False,)}
+
+UNSUPPORTED = ("The {where}{name} ({value!r}) is not supported by this server: it would change the answer, and is "
+               "never silently ignored. Remove it{off}.")
+ONE_PROMPT = "You must specify exactly one of text or input_ids."
+EMPTY_LIST = "The {field} must not be an empty list"
+UNKNOWN_SAMPLING = "The sampling_params.{name} is not a field of SGLang's sampling parameters."
+SAMPLING_NOT_OBJECT = "The sampling_params must be an object, or a list of objects (one per prompt)."
+PER_ITEM_LENGTH = "The {name} list has {n} entries; the batch has {items} prompts: give one per prompt, or one value."
+N_DIFFERS = "The sampling_params.n must be the same for every prompt of a batch (SGLang's rule)."
+N_WITH_LISTS = "The {name} cannot be a per-prompt list with sampling_params.n > 1 (SGLang's rule)."
+N_RANGE = "The sampling_params.n {n} must be at least 1."
+NOTHING_TO_DO = ("The sampling_params.max_new_tokens is 0 and no input token is scored (scoring needs return_logprob "
+                 "true and logprob_start_len >= 0 with at least one token after it): the request computes nothing.")
+START_PAST_END = ("The logprob_start_len {start} is past the prompt's last position {last} (input_ids of length "
+                  "{num_ids}; SGLang's entries are input_ids[logprob_start_len:]).")
+START_BELOW = "The logprob_start_len {start} must be -1 (output tokens only) or at least 0."
+MAX_NEW_NEGATIVE = "The sampling_params.max_new_tokens {value} must be at least 0."
+TOKEN_IDS_ON_OUTPUT = ("A token_ids_logprob of per-row lists belongs to the input rows only: with "
+                       "sampling_params.max_new_tokens > 0 give one flat list (reported for input and output "
+                       "tokens alike), or score with max_new_tokens 0.")
+
+
+def is_sglang(body: Mapping[str, Any]) -> bool:
+    return any(key in body for key in SGLANG_MARKERS)
+
+
+def mixed_shapes(body: Mapping[str, Any]) -> Violation | None:
+    """An SGLang body that also carries the seed shape's own fields: one of the two would be silently ignored."""
+    seed = [key for key in SEED_ONLY_FIELDS if key in body]
+    if not seed or not is_sglang(body):
+        return None
+    markers = ", ".join(key for key in SGLANG_MARKERS if key in body)
+    return Violation(MIXED_SHAPES.format(markers=markers, fields=", ".join(seed)), param=seed[0])
+
+
+def _is_off(value: Any, off: tuple[Any, ...]) -> bool:
+    return value is None or any(value == o and type(value) is type(o) for o in off)
+
+
+def _off_hint(off: tuple[Any, ...]) -> str:
+    return f" or set it to {off[0]!r}" if off else ""
+
+
+def unsupported_field(body: Mapping[str, Any]) -> Violation | None:
+    """The first top-level SGLang field set to something this server cannot do."""
+    for name, off in UNSUPPORTED_FIELDS.items():
+        if name in body and not _is_off(body[name], off):
+            return Violation(UNSUPPORTED.format(where="", name=name, value=body[name], off=_off_hint(off)), name)
+    return None
+
+
+def unsupported_sampling(params: Mapping[str, Any]) -> Violation | None:
+    """The first sampling_params field that is not SGLang's, or that this server cannot honour as set."""
+    for name, value in params.items():
+        if name in HONOURED_SAMPLING:
+            continue
+        off = UNSUPPORTED_SAMPLING.get(name)
+        if off is None:
+            return Violation(UNKNOWN_SAMPLING.format(name=name), param=f"sampling_params.{name}")
+        if not _is_off(value, off):
+            return Violation(UNSUPPORTED.format(where="sampling_params.", name=name, value=value, off=_off_hint(off)),
+                             param=f"sampling_params.{name}")
+    return None
+
+
+def per_item_length(name: str, value: Any, items: int) -> Violation | None:
+    if isinstance(value, list) and len(value) != items:
+        return Violation(PER_ITEM_LENGTH.format(name=name, n=len(value), items=items), param=name)
+    return None
+
+
+def parallel_samples(ns: Iterable[int]) -> Violation | None:
+    values = set(ns)
+    if len(values) > 1:
+        return Violation(N_DIFFERS, param="sampling_params.n")
+    bad = next((n for n in values if n < 1), None)
+    return Violation(N_RANGE.format(n=bad), param="sampling_params.n") if bad is not None else None
+
+
+def start_in_prompt(start: int, num_ids: int) -> Violation | None:
+    """SGLang's boundary: -1 (output tokens only) or a position of the prompt; entry 0 of the answer is that
+    position (null), the scored rows come after it."""
+    if start < -1:
+        return Violation(START_BELOW.format(start=start), param="logprob_start_len")
+    if start >= num_ids:
+        return Violation(START_PAST_END.format(start=start, last=num_ids - 1, num_ids=num_ids),
+                         param="logprob_start_len")
+    return None
+
+
+def nothing_to_do(max_new_tokens: int, scored_rows: int) -> Violation | None:
+    return Violation(NOTHING_TO_DO, param="sampling_params.max_new_tokens") if max_new_tokens == 0 and not scored_rows \
+        else None
+
+
+def negative_max_new(value: int) -> Violation | None:
+    return Violation(MAX_NEW_NEGATIVE.format(value=value), param="sampling_params.max_new_tokens") if value < 0 \
+        else None
+
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+PAUSE_MODE = "The mode {mode!r} is not one of SGLang's pause modes: abort, retract, in_place."
+ABORT_WHAT = "Give the rid of the request to abort, or abort_all: true."
+
+
+def pause_mode(mode: str) -> Violation | None:
+    return None if mode in PAUSE_MODES else Violation(PAUSE_MODE.format(mode=mode), param="mode")
+
+
+def abort_target(rid: str, abort_all: bool) -> Violation | None:
+    return None if rid or abort_all else Violation(ABORT_WHAT, param="rid")
