@@ -35,7 +35,7 @@ UNSUPPORTED_SAMPLING: Mapping[str, tuple[Any, ...]] = {
     "custom_params": (), "logit_bias": ({},), "stream_interval": (1,)}
 # Top-level fields of SGLang's GenerateReqInput this server does not implement, with their "off" values.
 UNSUPPORTED_FIELDS: Mapping[str, tuple[Any, ...]] = {
-    "input_embeds": (), "image_data": ([],), "video_data": ([],), "audio_data": ([],), "lora_path": (),
+    "input_embeds": (), "image_data": ([],), "video_data": ([],), "audio_data": ([],),
     "lora_id": (), "session_params": (), "custom_logit_processor": (), "return_hidden_states": (False,),
     "return_routed_experts": (False,), "return_indexer_topk": (False,), "return_sampling_mask": (False,),
     "return_flat_raw_top_logprobs": (False,), "return_flat_raw_top_logprobs_b64": (False,),
@@ -56,6 +56,7 @@ N_WITH_LISTS = "The {name} cannot be a per-prompt list with sampling_params.n > 
 N_RANGE = "The sampling_params.n {n} must be at least 1."
 NOTHING_TO_DO = ("The sampling_params.max_new_tokens is 0 and no input token is scored (scoring needs return_logprob "
                  "true and logprob_start_len >= 0 with at least one token after it): the request computes nothing.")
+LORA_PATHS_DIFFER = "The lora_path of a batch must name one adapter for every item: a request runs with one adapter."
 START_PAST_END = ("The logprob_start_len {start} is past the prompt's last position {last} (input_ids of length "
                   "{num_ids}; SGLang's entries are input_ids[logprob_start_len:]).")
 START_BELOW = "The logprob_start_len {start} must be -1 (output tokens only) or at least 0."

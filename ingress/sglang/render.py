@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ingress.sglang.translate import Item
-from workers.protocol import FinishReason, GenerateChunk
+from workers.protocol import FinishReason, GenerateChunk, compact
 
 Texts = dict[int, str]
 
@@ -59,8 +59,10 @@ def _tops(rows: list[list[list]] | None, texts: Texts | None) -> list[list[list[
     return [_rows(row, texts) or None for row in rows or ()]
 
 
-def answer_json(item: Item, chunk: GenerateChunk, texts: Texts | None, e2e_latency: float | None) -> dict[str, Any]:
-    """SGLang's answer for `chunk`, an item's whole answer or its answer so far (a streamed event)."""
+def answer_json(item: Item, chunk: GenerateChunk, texts: Texts | None, e2e_latency: float | None,
+                flat: bool = False) -> dict[str, Any]:
+    """SGLang's answer for `chunk`, an item's whole answer or its answer so far (a streamed event); flat: the
+    logprob fields in the compact encoding (entry 0's null as `<field>_null_prefix`)."""
     meta: dict[str, Any] = {
         "id": chunk.rid,
         "finish_reason": finish_json(chunk.finish_reason, chunk.completion_tokens) if chunk.finished else None,
@@ -75,6 +77,8 @@ def answer_json(item: Item, chunk: GenerateChunk, texts: Texts | None, e2e_laten
         meta["input_logprob_temperature"] = chunk.input_logprob_temperature
     if chunk.finished and e2e_latency is not None:
         meta["e2e_latency"] = e2e_latency
+    if flat:
+        _flatten(meta)
     return {"text": chunk.text, "output_ids": chunk.output_ids, "meta_info": meta}
 
 
@@ -91,3 +95,18 @@ def _logprobs(meta: dict[str, Any], item: Item, chunk: GenerateChunk, texts: Tex
     if item.token_ids_logprob:
         meta["input_token_ids_logprobs"] = ([None] + _tops(chunk.input_token_ids_logprobs, texts)) if scored else []
         meta["output_token_ids_logprobs"] = _tops(chunk.output_token_ids_logprobs, texts)
+
+
+def _flatten(meta: dict[str, Any]) -> None:
+    """Each logprob field as engine/compact.py's flat arrays, SGLang's field names; an input field's leading null
+    entry (nothing predicts the boundary token) is `<field>_null_prefix: 1`, as OpenAI's null first token is."""
+    for name in ("input_token_logprobs", "output_token_logprobs"):
+        if name in meta:
+            rows = meta.pop(name)
+            head = 1 if rows and rows[0][0] is None else 0
+            meta.update(compact.encode_token_rows(name, rows[head:], null_prefix=head))
+    for name in ("input_top_logprobs", "output_top_logprobs", "input_token_ids_logprobs", "output_token_ids_logprobs"):
+        if name in meta:
+            rows = meta.pop(name)
+            head = 1 if rows and rows[0] is None else 0
+            meta.update(compact.encode_top_rows(name, rows[head:], null_prefix=head))

@@ -15,13 +15,25 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ingress.adapters.select import adapter_by_name
 from ingress.backend import Backend
-from ingress.errors import JSONAnswer
+from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.sglang.render import Texts, answer_json, token_ids_needed
 from ingress.sglang.translate import Item, Parsed, build
 from ingress.sse import SSE_DONE, sse_data
+from rulebook.sglang import LORA_PATHS_DIFFER
 from workers.protocol import GenerateChunk, merge_outputs
+
+
+def _lora_name(lora_path: str | list[str | None] | None) -> str | None:
+    """SGLang's lora_path: one name, or one per item (which must all be the same: a request runs with one)."""
+    if lora_path is None or isinstance(lora_path, str):
+        return lora_path
+    names = set(lora_path)
+    if len(names) > 1:
+        raise InvalidRequest(LORA_PATHS_DIFFER, param="lora_path")
+    return names.pop() if names else None
 
 
 class SGLangGenerate:
@@ -37,17 +49,20 @@ class SGLangGenerate:
 
     async def _work(self, parsed: Parsed, batch: Batch, started: float) -> Response:
         info = await self._backend.model_info()
+        batch.adapter = await adapter_by_name(self._backend, _lora_name(parsed.body.lora_path), "lora_path")
         items = await build(parsed, info, lambda text: self._backend.tokenize(text))
         requests = [item.request for item in items]
         as_list = len(items) > 1 or not parsed.single
         if parsed.body.stream:
             batch.open(requests, info)
             firsts = await batch.firsts()
-            return batch.stream(self._events(items, firsts, batch, as_list, started))
+            return batch.stream(self._events(items, firsts, batch, as_list, started,
+                                             parsed.body.return_flat_logprobs_b64))
         wholes = await batch.answers(requests, info)
         texts = await self._texts(items, wholes)
         latency = time.monotonic() - started
-        answers = [answer_json(item, whole, texts, latency) for item, whole in zip(items, wholes, strict=True)]
+        flat = parsed.body.return_flat_logprobs_b64
+        answers = [answer_json(item, whole, texts, latency, flat) for item, whole in zip(items, wholes, strict=True)]
         return JSONAnswer(answers if as_list else answers[0])
 
     async def _texts(self, items: list[Item], chunks: list[GenerateChunk]) -> Texts | None:
@@ -61,7 +76,7 @@ class SGLangGenerate:
         return dict(zip(ordered, await self._backend.token_texts(ordered), strict=True))
 
     async def _events(self, items: list[Item], firsts: list[GenerateChunk], batch: Batch, as_list: bool,
-                      started: float) -> AsyncGenerator[str, None]:
+                      started: float, flat: bool) -> AsyncGenerator[str, None]:
         """Each worker chunk as the item's answer so far (a batch's events name their item: `index`), then [DONE]."""
         merged: list[GenerateChunk | None] = [None] * len(items)
 
@@ -70,7 +85,7 @@ class SGLangGenerate:
             whole = chunk if so_far is None else merge_outputs([so_far, chunk])
             merged[i] = whole
             texts = await self._texts([items[i]], [whole])
-            body: dict[str, Any] = answer_json(items[i], whole, texts, time.monotonic() - started)
+            body: dict[str, Any] = answer_json(items[i], whole, texts, time.monotonic() - started, flat)
             return sse_data({**body, "index": i} if as_list else body)
 
         for i, chunk in enumerate(firsts):

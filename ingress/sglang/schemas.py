@@ -53,6 +53,11 @@ class SGLangBody(BaseModel):
     input_logprob_temperature: float | None = Field(
         None, description="rayscore's extension: input rows at log_softmax(logits / T).")
     return_text_in_logprobs: bool = False
+    lora_path: str | list[str | None] | None = Field(
+        None, description="The LoRA adapter by its loaded name (GET /v1/models lists them), one for every item.")
+    return_flat_logprobs_b64: bool = Field(
+        False, description="rayscore's extension: meta_info's logprob fields as flat base64 arrays (little-endian "
+        "float32 values, int32 ids) with their shapes, entry 0's null as `<field>_null_prefix` (docs/vllm.md).")
     stream: bool = False
     rid: str | list[str] | None = None
     image_data: Any = None

@@ -39,3 +39,20 @@ async def test_load_list_select_unload() -> None:
         assert r.status_code == 404
         r = await c.post("/unload_lora_adapter", json={"lora_name": "b"})
         assert r.json()["loaded_adapters"] == {}
+
+
+async def test_sglang_shape_selects_its_adapter_by_lora_path() -> None:
+    """SGLang's body (sampling_params) names the adapter in lora_path, one name or one per item (all the same)."""
+    backend = FakeBackend()
+    body = {"input_ids": [3, 4, 5], "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+            "logprob_start_len": 0}
+    async with client(backend) as c:
+        await c.post("/load_lora_adapter", json={"lora_name": "a", "lora_path": "/ad/a"})
+        assert (await c.post("/generate", json={**body, "lora_path": "a"})).status_code == 200
+        batch = {**body, "input_ids": [[3, 4, 5], [6, 7, 8]], "lora_path": ["a", "a"]}
+        assert (await c.post("/generate", json=batch)).status_code == 200
+        assert [(q.params.adapter, q.params.adapter_path) for q in backend.requests] == [("a", "/ad/a")] * 3
+        r = await c.post("/generate", json={**batch, "lora_path": ["a", None]})
+        assert r.status_code == 400 and "one adapter for every item" in r.text
+        r = await c.post("/generate", json={**body, "lora_path": "zz"})
+        assert r.status_code == 400 and "'zz' names no loaded LoRA adapter" in r.text

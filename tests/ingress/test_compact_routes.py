@@ -113,3 +113,27 @@ async def test_score_round_trip_in_float64(apply_softmax: bool):
     assert "scores" not in flat and flat["scores_shape"] == [2, 3] and flat["scores_val_flat_b64_dtype"] == "float64"
     values = compact.unpack_values(flat["scores_val_flat_b64"], "float64")
     assert bits(values) == bits([p for row in plain["scores"] for p in row])
+
+
+async def test_sglang_shape_round_trip_keeps_entry_zero_as_null_prefix():
+    """SGLang's answer (triples, entry 0 null) with the flag: each field decodes to the JSON's values and ids bit
+    for bit, the leading null as `<field>_null_prefix` 1."""
+    body = {"input_ids": [40, 41, 42, 43, 44], "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+            "return_logprob": True, "logprob_start_len": 1, "top_logprobs_num": 2}
+    plain = (await call(Backend(f32_model), "POST", "/generate", body)).json()["meta_info"]
+    flat = (await call(Backend(f32_model), "POST", "/generate", {**body, "return_flat_logprobs_b64": True})
+            ).json()["meta_info"]
+    for name in ("input_token_logprobs", "output_token_logprobs"):
+        rows = plain[name]
+        head = 1 if rows and rows[0][0] is None else 0
+        assert name not in flat and flat.get(f"{name}_null_prefix", 0) == head
+        got = compact.decode_token_rows(flat, name)
+        assert [t for _, t in got] == [r[1] for r in rows[head:]]
+        assert bits([v for v, _ in got]) == bits([r[0] for r in rows[head:]])
+    assert flat["input_token_logprobs_null_prefix"] == 1
+    for name in ("input_top_logprobs", "output_top_logprobs"):
+        rows = plain[name]
+        head = 1 if rows and rows[0] is None else 0
+        got = compact.decode_top_rows(flat, name)
+        assert [[t for _, t in r] for r in got] == [[e[1] for e in r] for r in rows[head:]]
+        assert [bits([v for v, _ in r]) for r in got] == [bits([e[0] for e in r]) for r in rows[head:]]
