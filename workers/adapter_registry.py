@@ -6,13 +6,12 @@ multiplexing sends it to a replica that holds it already when one does (workers/
 
 from __future__ import annotations
 
-import time
 from typing import Any
+
+from workers.deployment_actors import FIND_TIMEOUT_S, deployment_actor
 
 # The registry's name among the worker deployment's actors (Serve scopes it to the deployment).
 ADAPTERS_ACTOR = "adapters"
-# How long a replica looks for it: Serve starts deployment actors before replicas.
-FIND_TIMEOUT_S = 60.0
 
 
 class AdapterRegistry:
@@ -36,15 +35,5 @@ class AdapterRegistry:
 
 
 def adapter_registry_actor(timeout_s: float = FIND_TIMEOUT_S) -> Any:
-    """A fresh handle on the worker deployment's adapter registry (one held across a recreation would point at the
-    old actor)."""
-    from ray import serve
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return serve.get_deployment_actor(ADAPTERS_ACTOR)
-        except ValueError:  # not created yet, or being recreated
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    """A fresh handle on the worker deployment's adapter registry."""
+    return deployment_actor(ADAPTERS_ACTOR, timeout_s)

@@ -11,15 +11,13 @@ from typing import Any
 
 from engine.async_engine import AsyncEngine
 from engine.loading.weight_update import StagedWeights, WeightUpdateError, apply_weights, stage_weights
+from workers.deployment_actors import FIND_TIMEOUT_S, deployment_actor
 from workers.weights import WeightAck, WeightOp
 
 log = logging.getLogger("ray.serve")
 
 # The registry's name among the worker deployment's deployment-scoped actors (deploy/app.py declares it).
 REGISTRY_ACTOR = "weights"
-# How long a replica looks for the registry: Serve starts deployment actors before replicas, and recreates one
-# that failed its health checks within seconds.
-FIND_TIMEOUT_S = 60.0
 
 
 def registry_actor(timeout_s: float = FIND_TIMEOUT_S) -> Any:
@@ -29,16 +27,7 @@ def registry_actor(timeout_s: float = FIND_TIMEOUT_S) -> Any:
     version: a deploy that rebuilds the app starts on the config's weights, one that only changes lightweight
     settings keeps the current ones. A fresh handle each call: one held across a recreation points at the old
     actor."""
-    from ray import serve
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return serve.get_deployment_actor(REGISTRY_ACTOR)
-        except ValueError:  # not created yet, or being recreated
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    return deployment_actor(REGISTRY_ACTOR, timeout_s)
 
 
 class WeightSync:
