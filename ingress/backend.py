@@ -266,10 +266,11 @@ class HandleBackend:
         return result
 
     async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
-        registry = self._registry()
+        if not self._weight_updates:
+            return WeightUpdateResult(False, CONTROLS_OFF)
+        registry = await self._registry()
         if registry is None:
-            return WeightUpdateResult(False, CONTROLS_OFF if self._weights_registry is None else
-                                      "No worker replica has started: there is no generation to control.")
+            return WeightUpdateResult(False, "No worker replica has started: there is no generation to control.")
         result: WeightUpdateResult = await registry.control.remote(kind, arg)
         return result
 

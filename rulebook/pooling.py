@@ -14,6 +14,10 @@ CLASSIFY_FIELDS = "A classify request takes max_tokens 0 and no logprobs: its an
 BOTH_SHAPES = ("The body mixes vLLM's classify field `input` with SGLang's `text` / `input_ids`: send one "
                "shape.")
 NO_INPUT = "The body needs vLLM's `input` or SGLang's `text` / `input_ids`."
+TEXT_AND_IDS = "Either text or input_ids should be provided, not both."
+EMPTY_INPUT = "The input must not be an empty list."
+RIDS = "The rid must be {n} distinct id(s), one per prompt."
+PROMPT_I = "Prompt {i}: {message}"
 POOLING_TASK = "The task {task!r} is not served: this model pools for task 'classify' only."
 ENCODING_FORMAT = "The encoding_format {value!r} is not served: 'float' only."
 

@@ -56,7 +56,7 @@ N_WITH_LISTS = "The {name} cannot be a per-prompt list with sampling_params.n > 
 N_RANGE = "The sampling_params.n {n} must be at least 1."
 NOTHING_TO_DO = ("The sampling_params.max_new_tokens is 0 and no input token is scored (scoring needs return_logprob "
                  "true and logprob_start_len >= 0 with at least one token after it): the request computes nothing.")
-LORA_PATHS_DIFFER = "The lora_path of a batch must name one adapter for every item: a request runs with one adapter."
+LORA_PATHS_DIFFER = "The lora_path of a batch must name one adapter for every item."
 START_PAST_END = ("The logprob_start_len {start} is past the prompt's last position {last} (input_ids of length "
                   "{num_ids}; SGLang's entries are input_ids[logprob_start_len:]).")
 START_BELOW = "The logprob_start_len {start} must be -1 (output tokens only) or at least 0."

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ingress.backend import Backend
 from ingress.errors import InvalidRequest, NotFound
+from rulebook.adapters import UNKNOWN_ADAPTER
 from workers.protocol import ModelInfo
 
 
@@ -27,6 +28,5 @@ async def adapter_by_name(backend: Backend, name: str | None, param: str) -> tup
         return None
     paths = await backend.adapters()
     if name not in paths:
-        raise InvalidRequest(f"The {param} {name!r} names no loaded LoRA adapter; loaded: {sorted(paths)} "
-                             "(POST /load_lora_adapter loads one).", param=param)
+        raise InvalidRequest(UNKNOWN_ADAPTER.format(param=param, name=name, loaded=sorted(paths)), param=param)
     return name, paths[name]

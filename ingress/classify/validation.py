@@ -32,7 +32,7 @@ def is_sglang(body: ClassifyBody) -> bool:
     if body.input is None and body.text is None and body.input_ids is None:
         raise InvalidRequest(pooling.NO_INPUT, param="input")
     if body.text is not None and body.input_ids is not None:
-        raise InvalidRequest("Either text or input_ids should be provided, not both.", param="text")
+        raise InvalidRequest(pooling.TEXT_AND_IDS, param="text")
     return bool(sglang)
 
 
@@ -41,7 +41,7 @@ def vllm_prompts(value: Input) -> list[str] | list[list[int]]:
     if isinstance(value, str):
         return [value]
     if not value:
-        raise InvalidRequest("The input must not be an empty list.", param="input")
+        raise InvalidRequest(pooling.EMPTY_INPUT, param="input")
     if isinstance(value[0], int):
         return [value]  # type: ignore[list-item]  # one prompt's ids
     return value  # type: ignore[return-value]  # texts, or lists of ids
@@ -64,7 +64,7 @@ def sglang_rids(rid: str | list[str] | None, n: int, batch: bool, base: str) -> 
         return [f"{base}-{i}" for i in range(n)] if batch else [base]
     rids = [rid] if isinstance(rid, str) else rid
     if len(rids) != n or len(set(rids)) != n:
-        raise InvalidRequest(f"The rid must be {n} distinct id(s), one per prompt.", param="rid")
+        raise InvalidRequest(pooling.RIDS.format(n=n), param="rid")
     return rids
 
 
@@ -73,4 +73,4 @@ def check_ids(i: int, ids: list[int], info: ModelInfo, param: str) -> None:
     broken = (rules.empty_ids(ids) or rules.token_out_of_range(ids, info.vocab_size)
               or rules.context_too_long(len(ids), 0, info.max_model_len))
     if broken is not None:
-        raise InvalidRequest(f"Prompt {i}: {broken.message}", param=param)
+        raise InvalidRequest(pooling.PROMPT_I.format(i=i, message=broken.message), param=param)

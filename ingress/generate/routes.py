@@ -32,6 +32,8 @@ from ingress.sglang.schemas import body_schema
 from ingress.sglang.translate import SamplingTypeError, parse
 from ingress.sse import SSE_DONE, sse_data
 from rulebook import sglang as sg
+from rulebook.adapters import ADAPTER_TWICE
+from rulebook.sglang import LORA_PATHS_DIFFER
 from workers.protocol import GenerateChunk
 
 
@@ -89,12 +91,12 @@ def _adapter_field(body: GenerateBody) -> tuple[str | None, str]:
     """(the adapter's name, the field that named it): our `adapter` or SGLang's `lora_path` (for a batch, one name
     for every item: a request runs with one adapter)."""
     if body.adapter is not None and body.lora_path is not None:
-        raise InvalidRequest("Send the adapter in `adapter` or in SGLang's `lora_path`, not both.", param="lora_path")
+        raise InvalidRequest(ADAPTER_TWICE, param="lora_path")
     if body.lora_path is None or isinstance(body.lora_path, str):
         return (body.adapter, "adapter") if body.adapter is not None else (body.lora_path, "lora_path")
     names = set(body.lora_path)
     if len(names) > 1:
-        raise InvalidRequest("The lora_path of a batch must name one adapter for every item.", param="lora_path")
+        raise InvalidRequest(LORA_PATHS_DIFFER, param="lora_path")
     return names.pop() if names else None, "lora_path"
 
 

@@ -41,6 +41,7 @@ from ingress.openai.validation import (
     vllm_fields,
 )
 from ingress.sse import sse_data
+from rulebook import openai as msg
 from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 
 Head = tuple[str, int, str]  # id, created, model
@@ -74,17 +75,16 @@ def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:
     check_model(body.model, info)
     check_unsupported(body)
     if body.tools:
-        raise InvalidRequest("tools are not supported by this server.", param="tools")
+        raise InvalidRequest(msg.TOOLS, param="tools")
     if body.response_format not in (None, {"type": "text"}):
-        raise InvalidRequest("response_format is not supported by this server: only {\"type\": \"text\"}.",
-                             param="response_format")
+        raise InvalidRequest(msg.RESPONSE_FORMAT, param="response_format")
     messages = template_messages(body.messages)
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is not None and max_tokens < 1:
-        raise InvalidRequest(f"The {name} {max_tokens} must be a positive integer.", param=name)
+        raise InvalidRequest(msg.MAX_TOKENS_POSITIVE.format(name=name, value=max_tokens), param=name)
     if body.top_logprobs is not None and not body.logprobs:
-        raise InvalidRequest("top_logprobs requires logprobs=true.", param="top_logprobs")
+        raise InvalidRequest(msg.TOP_NEEDS_LOGPROBS, param="top_logprobs")
     k = (body.top_logprobs or 0) if body.logprobs else None
     check_logprobs(k, info, "logprobs" if body.top_logprobs is None else "top_logprobs")
     params = sampling_params(body, info, max_tokens or 1, k)
@@ -95,15 +95,14 @@ def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     """The messages as chat templates take them: role and text content (text parts joined by newlines)."""
     if not messages:
-        raise InvalidRequest("messages must not be empty.", param="messages")
+        raise InvalidRequest(msg.NO_MESSAGES, param="messages")
     out = []
     for i, m in enumerate(messages):
         parts = [m.content] if isinstance(m.content, str) else list(m.content or [])
         texts = []
         for part in parts:
             if not isinstance(part, str) and (part.type != "text" or part.text is None):
-                raise InvalidRequest(f"The message at index {i} has a `{part.type}` part: only text content is "
-                                     "supported by this server.", param="messages")
+                raise InvalidRequest(msg.MESSAGE_PART.format(i=i, kind=part.type), param="messages")
             texts.append(part if isinstance(part, str) else part.text)
         out.append({"role": m.role, "content": "\n".join(texts)})
     return out

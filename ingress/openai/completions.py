@@ -42,6 +42,7 @@ from ingress.openai.validation import (
     vllm_fields,
 )
 from ingress.sse import sse_data
+from rulebook import openai as msg
 from rulebook import rules
 from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 
@@ -69,16 +70,15 @@ def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSett
     check_model(body.model, info)
     check_unsupported(body)
     if body.best_of not in (None, 1):
-        raise InvalidRequest(f"best_of={body.best_of} is not supported: only 1.", param="best_of")
+        raise InvalidRequest(msg.BEST_OF.format(value=body.best_of), param="best_of")
     if body.suffix is not None:
-        raise InvalidRequest("suffix is not supported by this server.", param="suffix")
+        raise InvalidRequest(msg.SUFFIX, param="suffix")
     _check_prompt_not_empty(body.prompt)
     echo = bool(body.echo)
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     enforce(rules.negative_max_tokens(max_tokens), param="max_tokens")
     if max_tokens == 0 and not echo:
-        raise InvalidRequest("max_tokens 0 requires echo=true: it returns the prompt's logprobs only.",
-                             param="max_tokens")
+        raise InvalidRequest(msg.ZERO_NEEDS_ECHO, param="max_tokens")
     k = body.logprobs
     check_logprobs(k, info, "logprobs")
     params = sampling_params(body, info, max_tokens, k)
@@ -88,11 +88,11 @@ def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSett
 
 def _check_prompt_not_empty(prompt: str | list) -> None:
     if prompt == "" or prompt == []:
-        raise InvalidRequest("The prompt must not be empty.", param="prompt")
+        raise InvalidRequest(msg.EMPTY_PROMPT, param="prompt")
     if isinstance(prompt, list):
         for i, item in enumerate(prompt):
             if item == "" or item == []:
-                raise InvalidRequest(f"The prompt at index {i} must not be empty.", param="prompt")
+                raise InvalidRequest(msg.EMPTY_PROMPT_AT.format(i=i), param="prompt")
 
 
 def prompt_items(prompt: str | list) -> list[str | list[int]]:

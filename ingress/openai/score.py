@@ -30,6 +30,7 @@ from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.openai.schemas.score import ScoreBody
 from ingress.openai.validation import check_model, check_text
+from rulebook import openai as msg
 from rulebook.rules import TOKEN_OUT_OF_RANGE
 from workers.protocol import GenerateRequest, ModelInfo, SamplingParams, compact
 
@@ -39,18 +40,18 @@ def validate_score(body: ScoreBody, info: ModelInfo) -> tuple[str | list[int], l
     check_model(body.model, info)
     labels = body.label_token_ids
     if not labels:
-        raise InvalidRequest("label_token_ids must be a non-empty list of token ids.", param="label_token_ids")
+        raise InvalidRequest(msg.NO_LABELS, param="label_token_ids")
     _check_ids(labels, info, "label_token_ids")
     logprobs = info.logprobs_mode in ("raw_logprobs", "processed_logprobs")  # label rows are at T = 1 in both
     if not logprobs and not (body.apply_softmax and info.logprobs_mode == "raw_logits"):
-        raise InvalidRequest(f"Scoring with apply_softmax={body.apply_softmax} needs the server's raw_logprobs "
-                             f"mode; it runs {info.logprobs_mode}.", param="apply_softmax")
+        raise InvalidRequest(msg.SOFTMAX_MODE.format(value=body.apply_softmax, mode=info.logprobs_mode),
+                             param="apply_softmax")
     if body.query is None or body.items is None:
-        raise InvalidRequest("query and items must be provided.", param="query" if body.query is None else "items")
+        raise InvalidRequest(msg.QUERY_AND_ITEMS, param="query" if body.query is None else "items")
     items = [body.items] if isinstance(body.items, str) else body.items
     text_query = isinstance(body.query, str)
     if any(isinstance(item, str) != text_query for item in items):
-        raise InvalidRequest("query and items must both be text or both be token ids.", param="items")
+        raise InvalidRequest(msg.MIXED_ITEMS, param="items")
     if not text_query:
         _check_ids(body.query, info, "query")  # type: ignore[arg-type]  # ids, as just checked
         for item in items:
@@ -67,10 +68,9 @@ def _check_ids(ids: list[int], info: ModelInfo, param: str) -> None:
 def check_prompt_len(i: int, ids: list[int], info: ModelInfo) -> None:
     """Item i's prompt has a token to predict from, and room for a label token after it."""
     if not ids:
-        raise InvalidRequest(f"Item {i}: query and item have no tokens.", param="items")
+        raise InvalidRequest(msg.PAIR_NO_TOKENS.format(i=i), param="items")
     if len(ids) + 1 > info.max_model_len:
-        raise InvalidRequest(f"Item {i}: query and item are {len(ids)} tokens; with a label token they exceed "
-                             f"the model's context length {info.max_model_len}.", param="items")
+        raise InvalidRequest(msg.PAIR_TOO_LONG.format(i=i, n=len(ids), limit=info.max_model_len), param="items")
 
 
 def label_request(rid: str, ids: list[int], label: int) -> GenerateRequest:

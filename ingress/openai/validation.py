@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from ingress.errors import InvalidRequest, NotFound, enforce
 from ingress.openai.schemas.common import SamplingFields
+from rulebook import openai as msg
 from rulebook import openai_fields, rules
 from workers.protocol import ModelInfo, SamplingParams
 
@@ -67,9 +68,7 @@ def scoring_params(params: SamplingParams, fields: VllmFields) -> SamplingParams
 def check_model(model: str | None, info: ModelInfo) -> None:
     """A named model must be the served one: a 404 that says which model this server has."""
     if model is not None and model != info.model_name:
-        raise NotFound(
-            f"The model `{model}` does not exist: this server serves `{info.model_name}` (GET /v1/models).",
-            param="model")
+        raise NotFound(msg.UNKNOWN_MODEL.format(model=model, served=info.model_name), param="model")
 
 
 def check_text(text: str, info: ModelInfo, param: str = "prompt") -> None:
@@ -87,8 +86,7 @@ def check_logprobs(k: int | None, info: ModelInfo, param: str) -> None:
     if k is not None:
         enforce(rules.negative(param, k), param=param)
     if k is not None and info.logprobs_mode not in LOGPROB_MODES:
-        raise InvalidRequest(f"logprobs requires the server's raw_logprobs or processed_logprobs mode; it runs "
-                             f"{info.logprobs_mode}.", param=param)
+        raise InvalidRequest(msg.LOGPROBS_MODE.format(mode=info.logprobs_mode), param=param)
 
 
 def sampling_params(body: SamplingFields, info: ModelInfo, max_tokens: int, k: int | None) -> SamplingParams:
@@ -104,7 +102,7 @@ def sampling_params(body: SamplingFields, info: ModelInfo, max_tokens: int, k: i
         return_logprob=k is not None, top_logprobs_num=k or 0)
     enforce(rules.sampling_violation(params, info.vocab_size))
     if body.stream_options is not None and not body.stream:
-        raise InvalidRequest("stream_options requires stream=true.", param="stream_options")
+        raise InvalidRequest(msg.STREAM_OPTIONS, param="stream_options")
     return params
 
 
@@ -115,24 +113,23 @@ def include_usage(body: SamplingFields) -> bool:
 def check_unsupported(body: SamplingFields) -> None:
     """OpenAI parameters this server does not implement: a 400 rather than silently ignoring them."""
     if body.n not in (None, 1):
-        raise InvalidRequest(
-            f"n={body.n} is not supported: this server returns one choice per prompt, so n must be 1.", param="n")
+        raise InvalidRequest(msg.N_UNSUPPORTED.format(n=body.n), param="n")
     if body.logit_bias:
-        raise InvalidRequest("logit_bias is not supported by this server.", param="logit_bias")
+        raise InvalidRequest(msg.LOGIT_BIAS, param="logit_bias")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(body, name) not in (None, 0):
-            raise InvalidRequest(f"{name}={getattr(body, name)} is not supported: only 0.", param=name)
+            raise InvalidRequest(msg.PENALTY_UNSUPPORTED.format(name=name, value=getattr(body, name)), param=name)
 
 
 def check_prompt(index: int | None, ids: list[int], max_tokens: int, info: ModelInfo, param: str = "prompt") -> None:
     """One prompt's ids (given, or its text tokenized) against the model; `index` names it in a batch."""
-    where = "The prompt" if index is None else f"The prompt at index {index}"
+    where = "The prompt" if index is None else msg.PROMPT_AT.format(index=index)
     if not ids:
-        raise InvalidRequest(f"{where} has no tokens.", param=param)
+        raise InvalidRequest(msg.PROMPT_NO_TOKENS.format(where=where), param=param)
     bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
     if bad is not None:
-        raise InvalidRequest(
-            f"{where} holds token id {bad}, out of range for the vocabulary size {info.vocab_size}.", param=param)
+        raise InvalidRequest(msg.PROMPT_TOKEN_RANGE.format(where=where, bad=bad, vocab_size=info.vocab_size),
+                             param=param)
     broken = rules.context_too_long(len(ids), max_tokens, info.max_model_len)
     if broken:
         raise InvalidRequest(broken.message if index is None else f"{where}: {broken.message}", param=param)
