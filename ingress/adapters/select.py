@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ingress.backend import Backend
 from ingress.errors import InvalidRequest, NotFound
-from rulebook.adapters import UNKNOWN_ADAPTER
+from rulebook.adapters import UNKNOWN_ADAPTER, UNKNOWN_MODEL
 from workers.protocol import ModelInfo
 
 
@@ -18,8 +18,7 @@ async def adapter_for_model(backend: Backend, model: str | None, info: ModelInfo
     paths = await backend.adapters()
     if model in paths:
         return model, paths[model]
-    raise NotFound(f"The model `{model}` does not exist: this server serves `{info.model_name}` and the LoRA "
-                   f"adapters {sorted(paths)} (GET /v1/models).", param="model")
+    raise NotFound(UNKNOWN_MODEL.format(model=model, served=info.model_name, loaded=sorted(paths)), param="model")
 
 
 async def adapter_by_name(backend: Backend, name: str | None, param: str) -> tuple[str, str] | None:
