@@ -105,7 +105,7 @@ REFUSED: Mapping[str, Refused] = {
     "ebnf": Refused(_NO_GRAMMAR),
     "min_new_tokens": Refused("a minimum length is not implemented", (None, 0)),
     "no_stop_trim": Refused("stop strings are trimmed (include_stop_str_in_output keeps them)", (None, False)),
-    "lora_path": Refused("adapters are not served"),
+    "lora_path": Refused("on this route an adapter is chosen by `model` (its name)"),
     "return_hidden_states": Refused("hidden states are not returned", (None, False)),
     "separate_reasoning": Refused("reasoning is not parsed", (None, False)),
     "stream_reasoning": Refused("reasoning is not parsed", (None, True, False)),

@@ -49,6 +49,17 @@ START_NEEDS_IDS = "logprob_start_len requires input_ids."
 # A /generate batch (a list of prompts or of id lists).
 EMPTY_BATCH = "The prompt must not be an empty list"
 
+# Fields a body of the seed's shape may carry besides its own. LMDeploy's /generate (the shape's anchor) sends these;
+# they label the request or change nothing this server computes (fast tokenizers decode special tokens' spacing the
+# same either way), so they are accepted and unused.
+NO_EFFECT_FIELDS = ("session_id", "spaces_between_special_tokens")
+# LMDeploy's fields that would change the answer and are not implemented: accepted only at their neutral values.
+NEUTRAL_ONLY_FIELDS: dict[str, tuple[Any, ...]] = {"repetition_penalty": (1, 1.0), "return_routed_experts": (False,)}
+UNKNOWN_FIELD = ("Unknown field `{name}`: /generate does not know it, and refuses it rather than ignore it "
+                 "(docs/api.md lists the fields of both its shapes).")
+NOT_NEUTRAL = ("`{name}`={value!r} is not supported by this server: it would change the answer. Only {neutral} is "
+               "accepted.")
+
 @dataclass(frozen=True)
 class Violation:
     """A broken rule: its message, and the request field it concerns (None: the request as a whole)."""
@@ -71,6 +82,28 @@ class Sampling(Protocol):
     logprob_start_len: int
     stop: list[str]
     stop_token_ids: list[int]
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """None, or equal to a neutral value of its own kind (True is not 1: bool and number kept apart)."""
+    if value is None:
+        return True
+    if isinstance(value, bool):
+        return any(value is v for v in neutral)
+    return isinstance(value, (int, float)) and any(not isinstance(v, bool) and value == v for v in neutral)
+
+
+def undeclared_field(name: str, value: Any) -> Violation | None:
+    """A field the seed's /generate body does not declare: accepted if it changes nothing, refused unless neutral
+    if it would, refused if unknown (a typo such as `logprob_start` would otherwise vanish, and the answer with it)."""
+    if name in NO_EFFECT_FIELDS:
+        return None
+    neutral = NEUTRAL_ONLY_FIELDS.get(name)
+    if neutral is None:
+        return Violation(UNKNOWN_FIELD.format(name=name), param=name)
+    if _neutral(value, neutral):
+        return None
+    return Violation(NOT_NEUTRAL.format(name=name, value=value, neutral=" or ".join(map(repr, neutral))), param=name)
 
 
 def empty_ids(ids: Sequence[int]) -> Violation | None:

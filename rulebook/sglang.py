@@ -44,6 +44,17 @@ UNSUPPORTED_FIELDS: Mapping[str, tuple[Any, ...]] = {
     "require_reasoning": (False,), "priority": (), "bootstrap_host": (), "bootstrap_port": (), "bootstrap_room": (),
     "bootstrap_pair_key": (), "mm_hashes": (), "mm_content_hashes": (), "modalities": (), "background": (False,)}
 
+# Top-level fields of SGLang's GenerateReqInput that route, label or log a request, or isolate its cache entries:
+# they change nothing this server computes, so they are accepted and unused (a router such as sgl-model-gateway
+# injects `data_parallel_rank` into every request it forwards).
+NO_EFFECT_FIELDS = frozenset({
+    "session_id", "log_metrics", "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank", "decode_tp_size",
+    "kv_router_hint", "routing_key", "conversation_id", "http_worker_ipc", "no_logs", "custom_labels",
+    "external_trace_header", "received_time", "extra_key", "cache_salt", "use_audio_in_video", "video_config",
+    "routed_experts_start_len"})
+UNKNOWN_FIELD = ("Unknown field `{name}`: it is not a field of SGLang's /generate that this server knows, and it is "
+                 "refused rather than ignored (docs/sglang.md lists the fields).")
+
 UNSUPPORTED = ("The {where}{name} ({value!r}) is not supported by this server: it would change the answer, and is "
                "never silently ignored. Remove it{off}.")
 ONE_PROMPT = "You must specify exactly one of text or input_ids."
@@ -93,6 +104,14 @@ def unsupported_field(body: Mapping[str, Any]) -> Violation | None:
         if name in body and not _is_off(body[name], off):
             return Violation(UNSUPPORTED.format(where="", name=name, value=body[name], off=_off_hint(off)), name)
     return None
+
+
+def unknown_field(body: Mapping[str, Any], declared: Iterable[str]) -> Violation | None:
+    """The first top-level field that is neither declared by the body's model, nor one SGLang's shape refuses by name,
+    nor one that changes nothing: a typo such as `return_logprobs` would otherwise vanish, and the answer with it."""
+    known = set(declared) | set(UNSUPPORTED_FIELDS) | NO_EFFECT_FIELDS
+    name = next((key for key in body if key not in known), None)
+    return Violation(UNKNOWN_FIELD.format(name=name), param=name) if name is not None else None
 
 
 def unsupported_sampling(params: Mapping[str, Any]) -> Violation | None:

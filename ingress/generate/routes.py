@@ -31,6 +31,7 @@ from ingress.sglang.routes import SGLangGenerate
 from ingress.sglang.schemas import body_schema
 from ingress.sglang.translate import SamplingTypeError, parse
 from ingress.sse import SSE_DONE, sse_data
+from rulebook import rules
 from rulebook import sglang as sg
 from rulebook.adapters import ADAPTER_TWICE
 from rulebook.sglang import LORA_PATHS_DIFFER
@@ -61,6 +62,11 @@ class GenerateRoutes:
             body = GenerateBody.model_validate(raw)
         except ValidationError as exc:
             raise RequestValidationError(_in_body(exc.errors(include_url=False))) from exc
+        undeclared = (rules.undeclared_field(name, value) for name, value in raw.items()
+                      if name not in GenerateBody.model_fields)
+        broken = next((v for v in undeclared if v is not None), None)
+        if broken is not None:
+            return self._lifecycle.answer(InvalidRequest(broken.message, param=broken.param))
         return await self._lifecycle.run(request, lambda batch: self._generate(body, batch))
 
     async def _generate(self, body: GenerateBody, batch: Batch) -> Response:

@@ -57,6 +57,7 @@ def parse(raw: dict[str, Any]) -> Parsed:
     """The body's types (a pydantic ValidationError: the route's 422) and its shape rules (InvalidRequest)."""
     enforce(sg.mixed_shapes(raw))
     enforce(sg.unsupported_field(raw))
+    enforce(sg.unknown_field(raw, SGLangBody.model_fields))
     body = SGLangBody.model_validate(raw)
     if (body.text is None) == (body.input_ids is None):
         raise InvalidRequest(sg.ONE_PROMPT, param="text")

@@ -220,9 +220,30 @@ async def test_hostile_values_never_5xx(body):
         assert resp.status_code < 500, resp.text
 
 
-async def test_extra_fields_are_ignored():
-    resp = await post(FakeBackend(), {"input_ids": [1], "max_tokens": 1, "session_id": 3, "lora_path": None})
-    assert resp.status_code == 200
+async def test_fields_that_change_nothing_are_accepted():
+    body = {"input_ids": [1], "max_tokens": 1, "session_id": 3, "lora_path": None,
+            "spaces_between_special_tokens": False, "repetition_penalty": 1.0, "return_routed_experts": False}
+    resp = await post(FakeBackend(), body)
+    assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.parametrize("field, value", [("logprob_start", 3), ("max_new_tokens", 4), ("return_logprobs", True),
+                                          ("frequency_penalty", 0.0)])
+async def test_unknown_fields_are_a_400_naming_them(field, value):
+    backend = FakeBackend()
+    resp = await post(backend, {"input_ids": [1, 2], "max_tokens": 0, "return_logprob": True,
+                                "logprob_start_len": 0, field: value})
+    assert resp.status_code == 400, resp.text
+    assert f"Unknown field `{field}`" in resp.json()["message"]  # the seed's errors keep `param` null
+    assert backend.requests == []
+
+
+@pytest.mark.parametrize("field, value", [("repetition_penalty", 1.2), ("return_routed_experts", True),
+                                          ("repetition_penalty", True)])
+async def test_lmdeploy_fields_that_change_the_answer_are_refused(field, value):
+    resp = await post(FakeBackend(), {"input_ids": [1], "max_tokens": 1, field: value})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["message"].startswith(f"`{field}`=")
 
 
 async def test_worker_rejection_after_tokenizing_is_a_400():

@@ -32,7 +32,7 @@ async def test_client_id_is_echoed_sent_to_worker_and_logged(caplog: pytest.LogC
     assert r.status_code == 422  # a bad body is still answered with the id
     assert r.headers["x-request-id"] == "trace-42"
     async with app_client(backend, records) as c:
-        r = await c.post("/generate", json={**SCORE, "secret": "no"}, headers={"X-Request-ID": "trace-43",
+        r = await c.post("/generate", json={**SCORE, "session_id": "secret"}, headers={"X-Request-ID": "trace-43",
                                                            "Authorization": "Bearer sk-hidden"})
     assert r.status_code == 200 and r.headers["x-request-id"] == "trace-43"
     assert backend.requests[-1].rid == "trace-43" and r.json()["meta_info"]["id"] == "trace-43"

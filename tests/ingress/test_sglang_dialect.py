@@ -110,6 +110,8 @@ async def test_sampling_fields_reach_the_worker() -> None:
     ({"input_ids": IDS, "sampling_params": {"max_tokens": 3}}, 400, "max_tokens is not a field"),
     ({"input_ids": IDS, "sampling_params": {}, "lora_path": "x"}, 400, "lora_path"),
     ({"input_ids": IDS, "sampling_params": {}, "return_hidden_states": True}, 400, "return_hidden_states"),
+    ({"input_ids": IDS, "sampling_params": {}, "return_logprobs": True}, 400, "Unknown field `return_logprobs`"),
+    ({"input_ids": IDS, "sampling_params": {}, "max_tokens_new": 3}, 400, "Unknown field `max_tokens_new`"),
     ({"input_ids": IDS, "sampling_params": {"max_new_tokens": 0}}, 400, "computes nothing"),
     ({"input_ids": IDS, "sampling_params": {}, "return_logprob": True, "logprob_start_len": 5}, 400,
      "past the prompt's last position 4"),
@@ -151,6 +153,13 @@ async def test_batch_stream_events_name_their_prompt() -> None:
     body = {"input_ids": [IDS, [1, 2]], "sampling_params": {"max_new_tokens": 2}, "stream": True}
     events = sse(await gen(body))
     assert sorted((e["index"], len(e["output_ids"])) for e in events) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+
+
+async def test_sglang_bookkeeping_fields_are_accepted() -> None:
+    body = {"input_ids": IDS, "sampling_params": {"max_new_tokens": 1}, "session_id": "s", "log_metrics": False,
+            "data_parallel_rank": 0, "custom_labels": {"a": "b"}, "rid": "r-1"}
+    resp = await gen(body)
+    assert resp.status_code == 200, resp.text
 
 
 async def test_seed_shape_is_unchanged_beside_the_dialect() -> None:
