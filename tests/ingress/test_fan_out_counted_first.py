@@ -64,3 +64,16 @@ async def test_completions_text_batch_tokenized_in_one_call() -> None:
     assert resp.status_code == 200, resp.text
     assert backend.worker_calls.count("tokenize_many") == 1 and "tokenize" not in backend.worker_calls
     assert [r.input_ids for r in backend.requests] == [[33, 34], [35], [36]]
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": [1], "apply_sofmax": True}),
+    ("/tokenize", {"prompt": "ab", "add_special_token": True}),
+    ("/detokenize", {"tokens": [1], "skip_special_tokens": False}),
+])
+async def test_an_undeclared_field_is_a_422_naming_it_before_any_worker_call(path: str, body: dict) -> None:
+    backend = CountingBackend()
+    resp = await call(backend, "POST", path, body)
+    assert resp.status_code == 422, resp.text
+    (extra,) = [name for name in body if name not in ("query", "items", "label_token_ids", "prompt", "tokens")]
+    assert extra in resp.text and backend.worker_calls == []

@@ -18,6 +18,9 @@ STRICT_BODY = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 # The completion and chat bodies keep the fields they do not declare (`model_extra`), so that each one is judged by
 # rulebook/openai_fields.py: accepted if it only annotates, else a 400 naming it, never silently dropped.
 BODY = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
+# Bodies of the routes that are nobody's standard but their own (/v1/score, /tokenize, /detokenize): a field they do
+# not declare is a 422 naming it (pydantic's extra_forbidden), not silently dropped.
+CLOSED_BODY = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 
 class StreamOptions(BaseModel):
     model_config = STRICT_BODY

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from ingress.openai.schemas.common import STRICT_BODY, Usage
+from ingress.openai.schemas.common import CLOSED_BODY, Usage
 
 
 class ScoreBody(BaseModel):
     """Request body of `POST /v1/score` (SGLang's ScoringRequest)."""
 
-    model_config = STRICT_BODY
+    model_config = CLOSED_BODY
 
     model: str | None = Field(None, description="Must be the served model's name when given.")
     query: str | list[int] | None = Field(None, description="Text, or token ids: the same kind as `items`.")

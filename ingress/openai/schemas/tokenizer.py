@@ -6,11 +6,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ingress.openai.schemas.common import STRICT_BODY
+from ingress.openai.schemas.common import CLOSED_BODY
 
 
 class TokenizeBody(BaseModel):
-    model_config = STRICT_BODY
+    model_config = CLOSED_BODY
 
     model: str | None = Field(None, description="Must be the served model's name when given.")
     prompt: str = Field(description="Text to tokenize, as a text prompt of /v1/completions is.")
@@ -19,7 +19,7 @@ class TokenizeBody(BaseModel):
 
 
 class DetokenizeBody(BaseModel):
-    model_config = STRICT_BODY
+    model_config = CLOSED_BODY
 
     model: str | None = Field(None, description="Must be the served model's name when given.")
     tokens: list[int] = Field(description="Token ids, each in [0, vocab size).")
