@@ -83,7 +83,8 @@ class EngineConfig:
     lora_adapters: dict[str, str] | None = _doc(None, "LoRA adapters (PEFT folders) served by name, {name: path}; more "
                                                 "are loaded at run time (POST /v1/load_lora_adapter).")
     max_loras: int = _doc(4, "Adapters resident at once per worker (least recently used evicted, reloaded on "
-                          "demand); requests of that many adapters share one engine step.")
+                          "demand); requests of that many adapters share one engine step, and a request for one "
+                          "more waits in the queue until a slot frees (never refused for it).")
     max_lora_rank: int = _doc(16, "Largest adapter rank served (an adapter above it is refused, 400).")
     # --- self-protection (engine/core/admission.py, engine/async_engine.py; figures: bench/features/limits.py) ---
     max_queued_requests: int = _doc(64, "Requests a worker holds that have not started (no engine step yet); one "

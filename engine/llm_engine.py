@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
+from engine.core.adapter_queue import AdapterQueue
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import ScheduledChunk, Scheduler
 from engine.core.sequence import Sequence
@@ -69,11 +70,12 @@ class LLMEngine:
         per_block = ModelRunner.bytes_per_block(self.model, config.block_size)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
-        self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
-                                   hidden_state_store=config.hidden_state_store,
-                                   long_prefill_token_threshold=config.long_prefill_token_threshold)
         # Adapters on one device only (EngineConfig refuses lora_adapters with tensor_parallel_size > 1).
         self.lora = LoraManager(self.model, config, self.device) if self.parallel is None else None
+        self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
+                                   hidden_state_store=config.hidden_state_store,
+                                   long_prefill_token_threshold=config.long_prefill_token_threshold,
+                                   adapters=AdapterQueue(self.lora) if self.lora is not None else None)
         self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel, self.lora,
                                   self.max_model_len)
         if self.parallel is not None:
@@ -95,8 +97,8 @@ class LLMEngine:
         seq = Sequence(request_id, prompt_token_ids, params)
         if params.classify:
             seq.pool_position = pooling.pooled_position(prompt_token_ids, self.hf_config.get_text_config().pad_token_id)
-        if params.adapter is not None:
-            seq.lora_slot, seq.cache_salt = self._acquire_adapter(params.adapter, params.adapter_path)
+        if params.adapter is not None:  # its slot is taken when the scheduler admits it (adapter_queue.py)
+            self._join_adapter(params.adapter, params.adapter_path)
         self.seqs[request_id] = seq
         self.output_states[request_id] = OutputState(params)
         gen = torch.Generator(device=self.device)
@@ -125,13 +127,11 @@ class LLMEngine:
             raise RequestError(broken.message)
         self._check_limits(len(ids), p)
 
-    def _acquire_adapter(self, name: str, path: str | None) -> tuple[int, int]:
+    def _join_adapter(self, name: str, path: str | None) -> None:
         if self.lora is None or self.config.batch_invariant:
             raise RequestError("LoRA adapters are not served with tensor_parallel_size > 1 or batch_invariant.")
         try:
-            if path is not None:
-                self.lora.ensure(name, path)
-            return self.lora.acquire(name)
+            self.lora.join(name, path)
         except LoraError as exc:
             raise RequestError(str(exc)) from exc
 
@@ -175,10 +175,10 @@ class LLMEngine:
         started = time.perf_counter()
         sched = self.scheduler.schedule()
         self.counters.on_schedule(sched)
+        outputs = [self._refuse(seq, message) for seq, message in sched.refused]
         if not sched.chunks:
-            return []
+            return outputs
         results = self.runner.execute(sched, self.generators)
-        outputs = []
         for chunk, result in zip(sched.chunks, results, strict=True):
             out = self._update(chunk, result)
             if out is not None:
@@ -220,9 +220,14 @@ class LLMEngine:
             return FinishReason("length")
         return None
 
+    def _refuse(self, seq: Sequence, message: str) -> RequestOutput:
+        seq.finish_reason = FinishReason("error", message=message, code=400)
+        self._finish(seq)
+        return self._output(seq)
+
     def _finish(self, seq: Sequence) -> None:
-        if seq.lora_slot is not None and self.lora is not None and seq.params.adapter is not None:
-            self.lora.release(seq.params.adapter)
+        if self.lora is not None and seq.params.adapter is not None:
+            self.lora.leave(seq.params.adapter, pinned=seq.lora_slot is not None)
             seq.lora_slot = None
         self.scheduler.finish(seq)
         self.seqs.pop(seq.request_id, None)

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.core.adapter_queue import AdapterQueue
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.sequence import Sequence, SequenceStatus
 
@@ -31,6 +32,8 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     # Requests that lost their blocks this step and will be recomputed from scratch.
     preempted: list[Sequence] = field(default_factory=list)
+    # Waiting requests whose LoRA adapter could not be loaded, and why: the engine ends them with that error.
+    refused: list[tuple[Sequence, str]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -39,8 +42,11 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
-                 hidden_state_store: bool = True, long_prefill_token_threshold: int | None = None) -> None:
+                 hidden_state_store: bool = True, long_prefill_token_threshold: int | None = None,
+                 adapters: AdapterQueue | None = None) -> None:
+        """adapters: which waiting requests may take a LoRA adapter's slot (None: no adapters served)."""
         self.kv = kv
+        self.adapters = adapters
         self.hidden_state_store = hidden_state_store
         self.max_num_batched_tokens = max_num_batched_tokens
         # A request's first share of a step; None: a quarter of the budget (EngineConfig's default).
@@ -91,29 +97,48 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
-        """Waiting requests, first come first served, while the budgets and the KV cache allow. Returns the token
-        budget left."""
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            first = seq.scheduled_time is None
-            if not seq.block_table:  # new, or preempted: start after its longest cached prefix
-                cached = self.kv.match_prefix(seq, self.reusable_prefix(seq), count=first)
+        """Waiting requests, first come first served, while the budgets and the KV cache allow; a request whose
+        LoRA adapter cannot have a slot yet keeps its place and the ones behind it go on (adapter_queue.py).
+        Returns the token budget left."""
+        if self.adapters is not None:
+            self.adapters.start_step()
+        passed: list[Sequence] = []  # skipped this step, in order: back at the head of the queue afterwards
+        try:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                seq = self.waiting[0]
+                if not self._adapter_admits(out, seq):
+                    passed.append(self.waiting.popleft())
+                    continue
+                first = seq.scheduled_time is None
+                if not seq.block_table:  # new, or preempted: start after its longest cached prefix
+                    cached = self.kv.match_prefix(seq, self.reusable_prefix(seq), count=first)
+                    if first:
+                        seq.num_cached_tokens = cached
+                # May be 0: a scoring request whose whole prompt is cached runs no layer at all.
+                n = self._first_share(seq, budget)
+                if not self.kv.allocate(seq, n):
+                    self.kv.free(seq)  # don't sit on cached blocks while waiting (an adapter's slot it keeps)
+                    seq.num_computed_tokens = 0
+                    return budget
+                self.waiting.popleft()
+                seq.status = SequenceStatus.RUNNING
                 if first:
-                    seq.num_cached_tokens = cached
-            # May be 0: a scoring request whose whole prompt is cached runs no layer at all.
-            n = self._first_share(seq, budget)
-            if not self.kv.allocate(seq, n):
-                self.kv.free(seq)  # don't sit on cached blocks while waiting
-                seq.num_computed_tokens = 0
-                return budget
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            if first:
-                seq.scheduled_time = time.monotonic()
-            self.running.append(seq)
-            self._add_chunk(out, seq, n)
-            budget -= n
-        return budget
+                    seq.scheduled_time = time.monotonic()
+                self.running.append(seq)
+                self._add_chunk(out, seq, n)
+                budget -= n
+            return budget
+        finally:
+            self.waiting.extendleft(reversed(passed))
+
+    def _adapter_admits(self, out: SchedulerOutput, seq: Sequence) -> bool:
+        if self.adapters is None:
+            return True
+        try:
+            return self.adapters.admits(seq)
+        except ValueError as exc:  # the adapter's files no longer load: the request ends with why (LLMEngine.step)
+            out.refused.append((seq, str(exc)))
+            return False
 
     def _extend_capped(self, out: SchedulerOutput, budget: int) -> None:
         """Give the budget left to the chunks cut at the cap, fewest tokens left first (ties: oldest first), so

@@ -44,8 +44,9 @@ class Sequence:
         self.num_scored_rows = 0
         # A classify request's pooled position (transformers' last non-padding token), set by the engine.
         self.pool_position: int | None = None
-        # A request with a LoRA adapter: its adapter's slot in the step's layers, and the seed of its block hashes,
-        # so the prefix cache never gives one adapter's (or the base's) blocks to another (None: the base model).
+        # A request with a LoRA adapter, from its admission to its end (engine/core/adapter_queue.py): its adapter's
+        # slot in the step's layers, and the seed of its block hashes, so the prefix cache never gives one adapter's
+        # (or the base's) blocks to another (None: the base model, or not admitted yet).
         self.lora_slot: int | None = None
         self.cache_salt: int | None = None
 

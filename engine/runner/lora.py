@@ -1,6 +1,8 @@
 """The LoRA adapters of one engine: registered by name (config or run time), up to max_loras resident in slots of
 every targeted Linear (least recently used evicted when no running request holds it, reloaded on demand), each
-request pinning its adapter's slot while it runs. The model runner sets the step's rows by slot (LoraStep)."""
+request pinning its adapter's slot from its admission to its end. A request whose adapter cannot have a slot yet
+waits in the scheduler's queue (engine/core/adapter_queue.py). The model runner sets the step's rows by slot
+(LoraStep)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ class LoraManager:
         self.step = LoraStep()
         self.paths: dict[str, str] = {}
         self.resident: OrderedDict[str, tuple[int, int]] = OrderedDict()  # name -> (slot, cache salt); LRU first
-        self.pins: Counter[str] = Counter()
+        self.pins: Counter[str] = Counter()  # requests holding the adapter's slot (admitted, not finished)
+        self.users: Counter[str] = Counter()  # live requests of the adapter, queued or admitted
         self.free = list(range(self.max_loras - 1, -1, -1))
         self._slots_ready = False
         self._loads = itertools.count(1)
@@ -46,7 +49,7 @@ class LoraManager:
 
     def ensure(self, name: str, path: str) -> None:
         """Serve `name` from `path` (a request that carries its adapter's folder): registered when new, replaced
-        when the name now means another folder (and no running request holds the old one)."""
+        when the name now means another folder (and no live request uses the old one)."""
         if self.paths.get(name) == path:
             return
         if name in self.paths:
@@ -60,30 +63,51 @@ class LoraManager:
     def unregister(self, name: str) -> None:
         if name not in self.paths:
             raise LoraError(f"The adapter {name!r} is not loaded; loaded: {self.names()}.")
-        if self.pins[name]:
-            raise LoraError(f"The adapter {name!r} is in use by {self.pins[name]} running request(s).")
+        if self.users[name]:
+            raise LoraError(f"The adapter {name!r} is in use by {self.users[name]} request(s), running or queued.")
         self._evict(name)
         del self.paths[name]
 
-    def acquire(self, name: str) -> tuple[int, int]:
-        """(slot, cache salt) of `name` for a request that starts; loaded first if not resident."""
+    def join(self, name: str, path: str | None) -> None:
+        """A request of `name` arrives (`path`: the adapter's folder, when the request carries it): the adapter is
+        known from now until the request's `leave`, and has its slot once the scheduler admits it (`acquire`)."""
+        if path is not None:
+            self.ensure(name, path)
         if name not in self.paths:
             raise LoraError(f"The adapter {name!r} is not loaded: this server has {self.names()} (POST "
                             "/v1/load_lora_adapter loads one).")
+        self.users[name] += 1
+
+    def acquire(self, name: str) -> tuple[int, int] | None:
+        """(slot, cache salt) of `name` for a request the scheduler admits, loaded first if not resident (an idle
+        adapter evicted, least recently used first); None while every slot is held by admitted requests."""
         if name not in self.resident:
             if not self.free:
                 victim = next((n for n in self.resident if not self.pins[n]), None)
                 if victim is None:
-                    raise LoraError(f"All {self.max_loras} adapter slots (config field max_loras) are held by "
-                                    f"running requests; the adapter {name!r} cannot be loaded now.")
+                    return None
                 self._evict(victim)
-            self._load(name)
+            try:
+                self._load(name)
+            except LoraError as exc:  # its folder changed since it was checked
+                raise LoraError(f"The adapter {name!r} could not be loaded: {exc}") from exc
         self.resident.move_to_end(name)
         self.pins[name] += 1
         return self.resident[name]
 
-    def release(self, name: str) -> None:
-        self.pins[name] -= 1
+    def is_resident(self, name: str) -> bool:
+        return name in self.resident
+
+    def fewest_pinned(self) -> str | None:
+        """The resident adapter held by the fewest requests (least recently used among equals): the one whose slot
+        frees soonest if no new request takes it."""
+        return min(self.resident, key=lambda n: self.pins[n], default=None)
+
+    def leave(self, name: str, pinned: bool) -> None:
+        """A request of `name` ends (`pinned`: it had been admitted and held the slot)."""
+        self.users[name] -= 1
+        if pinned:
+            self.pins[name] -= 1
 
     def set_step(self, segments: list[tuple[int, int, int]]) -> None:
         """(slot, first row, end row) runs of the step's flat batch (ModelRunner.prepare)."""

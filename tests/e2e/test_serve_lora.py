@@ -3,7 +3,9 @@ one loaded at run time (vLLM's route) are each scored within 1e-4 of transformer
 rows, by /generate (`adapter`, SGLang's `lora_path`; the OpenAI `model` field:
 tests/ingress/test_adapter_routes.py); a repeat of an adapter's prompt
 is routed to the replica holding the adapter and its prefix (Serve multiplexing + the prefix router); an adapter
-over max_lora_rank is a 400 naming it; an unloaded adapter is refused."""
+over max_lora_rank is a 400 naming it; an unloaded adapter is refused. A worker with one adapter slot serves requests
+for three adapters and the base sent at once: each waits for the slot, none is refused, every token's logprob
+exact."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from ray import serve
 
 from tests.helpers.engine import rand_ids
 from tests.helpers.reference import hf_scores
-from tests.helpers.serve import app_args, deploy
+from tests.helpers.serve import app_args, deploy, worker_stats
 from tests.helpers.tiny_adapters import build_adapter, peft_scores
 
 ATOL = 1e-4
@@ -65,5 +67,36 @@ def test_adapters_served_and_routed(serve_url: str, tiny_models: dict[str, Path]
         assert r.status_code == 200 and r.json()["loaded_adapters"] == {"a": str(a)}, r.text
         r = httpx.post(f"{url}/generate", json={"input_ids": ids, "max_tokens": 1, "adapter": "b"}, timeout=60)
         assert r.status_code == 400 and "'b' names no loaded LoRA adapter" in r.text, r.text
+    finally:
+        serve.delete(name)
+
+
+def test_more_adapters_than_slots_wait_and_run(serve_url: str, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    base = tiny_models["llama"]
+    paths = {n: build_adapter(tmp_path / n, base, rank=4, seed=20 + i) for i, n in enumerate("abc")}
+    name = "lora-queue"
+    deploy(name, f"/{name}", app_args(model=str(base), model_name="tiny", num_workers=1, kv_cache_mb=8, max_loras=1,
+                                      lora_adapters={n: str(p) for n, p in paths.items()}))
+    url = f"{serve_url}/{name}"
+    try:
+        asks = [None, "a", "b", "c", "a", None, "b", "c", "a"]
+        prompts = [rand_ids(12 + i, seed=30 + i) for i in range(len(asks))]
+
+        def ask(i: int) -> dict:
+            fields = {"adapter": asks[i]} if asks[i] else {}
+            r = httpx.post(f"{url}/generate", json={"input_ids": prompts[i], "max_tokens": 24, "ignore_eos": True,
+                                                    "temperature": 0.0, "return_logprob": True, **fields},
+                           timeout=120)
+            assert r.status_code == 200, r.text  # waited for the slot: never a 400 naming max_loras
+            return r.json()
+
+        with concurrent.futures.ThreadPoolExecutor(len(asks)) as pool:
+            answers = list(pool.map(ask, range(len(asks))))
+        for ids, adapter, answer in zip(prompts, asks, answers, strict=True):
+            full, start = ids + answer["output_ids"], len(ids) - 1  # the reference scores what was generated
+            want = hf_scores(base, full, start) if adapter is None else peft_scores(base, paths[adapter], full, start)
+            assert _close(answer["meta_info"]["output_token_logprobs"], want) <= ATOL, adapter
+        (stats,) = worker_stats(name, samples=2).values()
+        assert stats.requests_finished == len(asks) and stats.waiting == 0 and stats.running == 0
     finally:
         serve.delete(name)
