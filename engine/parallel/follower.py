@@ -53,7 +53,7 @@ class Follower:
         elif isinstance(msg, Adapter):
             if msg.path is None:
                 self.adapters.clear(msg.slot)
-            else:  # rank 0 read and checked it already
+            else:  # rank 0 read and checked it; a rank that cannot read it raises, which breaks the group
                 self.adapters.write(msg.slot, read_adapter(msg.name, msg.path, self.adapters.max_rank, dtype))
         elif isinstance(msg, Score):
             rows = torch.empty(len(msg.targets), hidden_size, dtype=dtype, device=dev)

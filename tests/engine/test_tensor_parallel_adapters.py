@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from engine.config import EngineConfig
 from engine.loading.loader import load_model
 from engine.loading.lora import read_adapter
 from engine.parallel.shard import RowParallelLinear, shard_model
@@ -64,6 +65,12 @@ def test_base_and_two_adapters_in_one_split_step(tiny_models: dict[str, Path], t
     # Each batch in one step on every rank; an adapter moves its rows (one left unapplied would fail above).
     assert split.forwards == 2 and split.follower_steps == [2]
     assert _close(split.outputs[0][1].input_token_logprobs, hf_scores(base, first[1], 0)) > 1e-2
+
+
+def test_adapters_configured_with_ranks_refused_in_batch_invariant_mode() -> None:
+    assert EngineConfig(lora_adapters={"a": "/adapters/a"}, tensor_parallel_size=2).lora_adapters
+    with pytest.raises(ValueError, match="lora_adapters are served with batch_invariant off only"):
+        EngineConfig(lora_adapters={"a": "/adapters/a"}, batch_invariant=True)
 
 
 @pytest.mark.parametrize("labels", [1, 3])
