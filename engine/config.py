@@ -120,9 +120,9 @@ class EngineConfig:
                              "summation order is not held fixed across ranks")
         if self.max_loras <= 0 or self.max_lora_rank <= 0:
             raise ValueError("max_loras and max_lora_rank must be positive")
-        if self.lora_adapters and (self.tensor_parallel_size > 1 or self.batch_invariant):
-            raise ValueError("lora_adapters are served with tensor_parallel_size 1 and batch_invariant off only: an "
-                             "adapter is neither split over ranks nor computed in the invariant mode's fixed tiles")
+        if self.lora_adapters and self.batch_invariant:
+            raise ValueError("lora_adapters are served with batch_invariant off only: an adapter's delta is not "
+                             "computed in the invariant mode's fixed tiles")
         for name in ("max_queued_requests", "max_queued_tokens", "max_logprob_entries", "stuck_engine_timeout_s",
                      "pause_timeout_s"):
             if getattr(self, name) <= 0:

@@ -16,10 +16,9 @@ from engine.core.scheduler import ScheduledChunk, Scheduler
 from engine.core.sequence import Sequence
 from engine.detokenizer import Detokenizer
 from engine.loading.default_model import resolve_model_path
-from engine.loading.loader import eos_token_ids, load_config, load_model, load_tokenizer, resolve_device
+from engine.loading.loader import eos_token_ids, load_model, load_tokenizer, resolve_device
 from engine.loading.lora import LoraError
 from engine.loading.sharded import load_sharded
-from engine.models.llama import is_classifier
 from engine.output_state import OutputState
 from engine.outputs import DEFAULT_WEIGHT_VERSION, FinishReason, RequestOutput, merge_outputs
 from engine.parallel.driver import TensorParallel
@@ -45,9 +44,6 @@ class LLMEngine:
         self.model_path: Path = resolve_model_path(config.model, config.cache_dir)
         self.parallel: TensorParallel | None = None
         if config.tensor_parallel_size > 1:
-            if is_classifier(load_config(self.model_path)):
-                raise ValueError("a classifier (*ForSequenceClassification) is served with tensor_parallel_size 1 "
-                                 "only: its score head is not split over ranks")
             if group is None or not group.is_driver:
                 raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} needs this engine to be rank 0 "
                                  "of a process group of that many ranks (engine/parallel/)")
@@ -70,12 +66,12 @@ class LLMEngine:
         per_block = ModelRunner.bytes_per_block(self.model, config.block_size)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
-        # Adapters on one device only (EngineConfig refuses lora_adapters with tensor_parallel_size > 1).
-        self.lora = LoraManager(self.model, config, self.device) if self.parallel is None else None
+        # With tensor parallelism rank 0's manager sends each adapter load and eviction to the other ranks.
+        self.lora = LoraManager(self.model, config, self.device, self.parallel)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
                                    hidden_state_store=config.hidden_state_store,
                                    long_prefill_token_threshold=config.long_prefill_token_threshold,
-                                   adapters=AdapterQueue(self.lora) if self.lora is not None else None)
+                                   adapters=AdapterQueue(self.lora))
         self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel, self.lora,
                                   self.max_model_len)
         if self.parallel is not None:
@@ -128,8 +124,8 @@ class LLMEngine:
         self._check_limits(len(ids), p)
 
     def _join_adapter(self, name: str, path: str | None) -> None:
-        if self.lora is None or self.config.batch_invariant:
-            raise RequestError("LoRA adapters are not served with tensor_parallel_size > 1 or batch_invariant.")
+        if self.config.batch_invariant:
+            raise RequestError("LoRA adapters are not served with batch_invariant.")
         try:
             self.lora.join(name, path)
         except LoraError as exc:
@@ -226,7 +222,7 @@ class LLMEngine:
         return self._output(seq)
 
     def _finish(self, seq: Sequence) -> None:
-        if self.lora is not None and seq.params.adapter is not None:
+        if seq.params.adapter is not None:
             self.lora.leave(seq.params.adapter, pinned=seq.lora_slot is not None)
             seq.lora_slot = None
         self.scheduler.finish(seq)

@@ -144,8 +144,6 @@ class EngineWorker:
         """Why the adapter at `path` cannot be served (None: it can): read and checked against the model, in a
         thread (reading safetensors takes a while), not loaded."""
         lora = self.engine.engine.lora
-        if lora is None:
-            return "LoRA adapters are not served with tensor_parallel_size > 1."
         try:
             await asyncio.to_thread(lora.check, name, path)
         except ValueError as exc:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.invariant.row_plan import Call, InvariantModeError, RowPlan, calibrate, run_pieces
-from engine.layers.lora import LoraSlots
+from engine.layers.lora import LoraSlots, Shard
 
 _ONEDNN = torch.backends.mkldnn.is_available()
 # Layers at least this wide (the LM head) take oneDNN, whatever the rows.
@@ -66,6 +66,17 @@ class Linear(nn.Linear):
     row_plan: RowPlan | None = None
     # Set by engine/runner/lora.py when adapters may target this linear: each row's adapter delta is added.
     lora: LoraSlots | None = None
+    # Set by engine/parallel/shard.py on a tensor-parallel rank: which share of the whole linear this one is.
+    shard: Shard | None = None
+
+    @property
+    def whole_in_features(self) -> int:
+        """The whole linear's input features (an adapter's A is written for them)."""
+        return self.shard.in_features if self.shard is not None else self.in_features
+
+    def whole_parts(self, parts: list[int]) -> list[int]:
+        """The whole linear's output widths of its fused parts, given this Linear's own (`parts`)."""
+        return list(self.shard.parts) if self.shard is not None else parts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.row_plan is not None:

@@ -9,7 +9,13 @@ Base rows are never touched.
 A fused Linear (q/k/v, gate/up) holds each of its parts' adapters side by side: Aᵀ stacks the parts' ranks,
 [S, in, parts x R], and Bᵀ is block-diagonal, [S, parts x R, out], so a part's output columns see only its own A.
 Ranks below R are zero-padded, and a part an adapter does not target stays zero: adding exact zeros leaves those
-columns as the base computed them."""
+columns as the base computed them.
+
+With tensor parallelism (engine/parallel/shard.py) an adapter is written for the whole linear and each rank keeps its
+share, as it keeps its share of the base weight (`Shard`): a column-parallel linear (q/k/v, gate/up) keeps the whole
+A and the columns of Bᵀ of its own output rows (per part: its heads, its MLP rows); a row-parallel one (o, down)
+keeps the columns of A of its own input features and the whole B, and its delta x_r A_rᵀ Bᵀ is a partial sum like
+its base product, added before the all-reduce that sums them (Σ_r x_r A_rᵀ = x Aᵀ)."""
 
 from __future__ import annotations
 
@@ -26,27 +32,51 @@ class LoraStep:
     segments: list[tuple[int, int, int]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Shard:
+    """A tensor-parallel rank's Linear as a share of the whole one (set by engine/parallel/shard.py); a Linear on one
+    device has none. Adapters are read in the whole linear's shapes, and checked against them."""
+
+    in_features: int  # the whole linear's
+    parts: tuple[int, ...]  # the whole linear's output widths of its fused parts (q, k, v / gate, up / one)
+    # Column parallel: the [lo, hi) ranges of the whole output's rows this rank computes, in its output's order.
+    out_rows: tuple[tuple[int, int], ...] | None = None
+    # Row parallel: the [lo, hi) of the whole input's features this rank multiplies.
+    in_cols: tuple[int, int] | None = None
+
+
 class LoraSlots:
-    """One Linear's adapters, by slot. parts: the output widths of the linears fused into it, in order."""
+    """One Linear's adapters, by slot. parts: the output widths of the linears fused into it, in order, as adapters
+    are written (the whole linear's when `shard` is set); in_features: this Linear's own (a row-parallel rank's
+    share)."""
 
     def __init__(self, step: LoraStep, in_features: int, parts: list[int], num_slots: int, max_rank: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, shard: Shard | None = None) -> None:
         self.step = step
         self.parts = parts
         self.offsets = [sum(parts[:i]) for i in range(len(parts))]
         self.max_rank = max_rank
+        self.in_cols = shard.in_cols if shard is not None else None
+        rows = shard.out_rows if shard is not None and shard.out_rows is not None else ((0, sum(parts)),)
+        # Per part, (first column of its Bᵀ, first column of this Linear's output, count) of each run it keeps.
+        self.columns = [_runs(rows, lo, lo + width) for lo, width in zip(self.offsets, parts, strict=True)]
+        out = sum(hi - lo for lo, hi in rows)
         width = len(parts) * max_rank
         self.a_t = torch.zeros(num_slots, in_features, width, dtype=dtype, device=device)  # [S, in, P x R]
-        self.b_t = torch.zeros(num_slots, width, sum(parts), dtype=dtype, device=device)  # [S, P x R, out]
+        self.b_t = torch.zeros(num_slots, width, out, dtype=dtype, device=device)  # [S, P x R, out]
         self.used = [False] * num_slots
 
     def set(self, slot: int, part: int, a: torch.Tensor, b: torch.Tensor, scaling: float) -> None:
-        """Part `part`'s adapter in `slot`: a [r, in], b [parts[part], r] as PEFT stores them."""
+        """Part `part`'s adapter in `slot`: a [r, in], b [parts[part], r] as PEFT stores them (the whole linear's:
+        this Linear keeps its share)."""
         r = a.shape[0]
         lo = part * self.max_rank
+        if self.in_cols is not None:
+            a = a[:, self.in_cols[0]:self.in_cols[1]]
         self.a_t[slot, :, lo:lo + r] = a.t()
-        out = self.offsets[part]
-        self.b_t[slot, lo:lo + r, out:out + self.parts[part]] = (b * scaling).t()
+        b_t = (b * scaling).t()  # [r, parts[part]]
+        for src, dst, n in self.columns[part]:
+            self.b_t[slot, lo:lo + r, dst:dst + n] = b_t[:, src:src + n]
         self.used[slot] = True
 
     def clear(self, slot: int) -> None:
@@ -61,3 +91,15 @@ class LoraSlots:
                 continue
             y[lo:hi] += (x[lo:hi] @ self.a_t[slot]) @ self.b_t[slot]  # [n, in] -> [n, P x R] -> [n, out]
         return y
+
+
+def _runs(rows: tuple[tuple[int, int], ...], lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """Where the whole output's rows [lo, hi) (one part) land in a Linear made of `rows`: (offset in the part, column
+    of the Linear's output, count) of each overlap."""
+    runs, at = [], 0
+    for r_lo, r_hi in rows:
+        first, last = max(lo, r_lo), min(hi, r_hi)
+        if first < last:
+            runs.append((first - lo, at + first - r_lo, last - first))
+        at += r_hi - r_lo
+    return runs

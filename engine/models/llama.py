@@ -166,19 +166,22 @@ class LlamaForCausalLM(nn.Module):
 
     def lora_targets(self, i: int) -> dict[str, tuple[Linear, int, list[int]]]:
         """Layer i's linears a LoRA adapter may target, by PEFT's module names: (the served, fused Linear, which of
-        its parts the module is, the output widths of its parts). An MoE layer's experts are not targets."""
+        its parts the module is, the output widths of its parts). An MoE layer's experts are not targets. Widths are
+        the whole linear's, as adapters are written (a tensor-parallel rank's Linear is a share of it)."""
         layer = self.model.layers[i]
         attn = layer.self_attn
         assert attn.qkv_proj is not None, "fuse() after loading the weights"
         q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
-        targets = {name: (attn.qkv_proj, part, [q, kv, kv]) for part, name in enumerate(("q_proj", "k_proj", "v_proj"))}
+        qkv = attn.qkv_proj.whole_parts([q, kv, kv])
+        targets = {name: (attn.qkv_proj, part, qkv) for part, name in enumerate(("q_proj", "k_proj", "v_proj"))}
         targets["o_proj"] = (attn.o_proj, 0, [attn.o_proj.out_features])
         mlp = layer.mlp
         if isinstance(mlp, MLP):
             assert mlp.gate_up_proj is not None
             width = mlp.intermediate_size
-            targets["gate_proj"] = (mlp.gate_up_proj, 0, [width, width])
-            targets["up_proj"] = (mlp.gate_up_proj, 1, [width, width])
+            gate_up = mlp.gate_up_proj.whole_parts([width, width])
+            targets["gate_proj"] = (mlp.gate_up_proj, 0, gate_up)
+            targets["up_proj"] = (mlp.gate_up_proj, 1, gate_up)
             targets["down_proj"] = (mlp.down_proj, 0, [mlp.down_proj.out_features])
         return targets
 

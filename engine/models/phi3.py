@@ -41,7 +41,7 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     def lora_targets(self, i: int) -> dict[str, tuple[Linear, int, list[int]]]:
         """PEFT targets Phi-3's checkpoint-fused linears by their own names, each one part."""
         layer = self.model.layers[i]
-        return {name: (linear, 0, [linear.out_features]) for name, linear in (
+        return {name: (linear, 0, [sum(linear.whole_parts([linear.out_features]))]) for name, linear in (
             ("qkv_proj", layer.self_attn.qkv_proj), ("o_proj", layer.self_attn.o_proj),
             ("gate_up_proj", layer.mlp.gate_up_proj), ("down_proj", layer.mlp.down_proj))}
 

@@ -14,7 +14,7 @@ from engine.layers.attention import AttentionMetadata
 from engine.models.llama import LlamaForCausalLM
 from engine.parallel import vocab
 from engine.parallel.group import TPGroup
-from engine.parallel.messages import Forward, Logits, Message, Score, Setup, Stop, Targets
+from engine.parallel.messages import Adapter, Forward, Logits, Message, Score, Setup, Stop, Targets
 from engine.parallel.shard import vocab_range
 from engine.runner.logprobs import ScoredRows
 
@@ -36,11 +36,20 @@ class TensorParallel:
     def stop(self) -> None:
         self.send(Stop())
 
-    def announce_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> None:
-        """Before rank 0's own forward: the other ranks run theirs over the same tokens (their heads, their cache)."""
+    def announce_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                         lora: list[tuple[int, int, int]] | None = None) -> None:
+        """Before rank 0's own forward: the other ranks run theirs over the same tokens (their heads, their cache,
+        their share of each adapter on the same rows: lora, LoraStep's segments)."""
         cpu = torch.device("cpu")
         self.send(Forward(input_ids.to(cpu), positions.to(cpu), meta.slot_mapping.to(cpu), list(meta.starts),
-                          list(meta.lens), [s.to(cpu) for s in meta.context_slots]))
+                          list(meta.lens), [s.to(cpu) for s in meta.context_slots], list(lora or [])))
+
+    def load_adapter(self, slot: int, name: str, path: str) -> None:
+        """The other ranks read the adapter at `path` and write their share of it into `slot`."""
+        self.send(Adapter(slot, name, path))
+
+    def clear_adapter(self, slot: int) -> None:
+        self.send(Adapter(slot))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, V] raw logits of the whole vocabulary (float32): the sampling rows."""

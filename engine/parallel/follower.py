@@ -7,11 +7,13 @@ import torch
 
 from engine.config import EngineConfig
 from engine.layers.attention import AttentionMetadata, TorchPagedAttention
+from engine.loading.lora import read_adapter
 from engine.loading.sharded import load_sharded
 from engine.models.llama import LlamaForCausalLM
 from engine.parallel.driver import TensorParallel
 from engine.parallel.group import TPGroup
-from engine.parallel.messages import Forward, Logits, Score, Setup, Stop, Targets
+from engine.parallel.messages import Adapter, Forward, Logits, Score, Setup, Stop, Targets
+from engine.runner.lora import AdapterSlots
 
 
 class Follower:
@@ -22,6 +24,7 @@ class Follower:
         self.model: LlamaForCausalLM = load_sharded(config, group)[0]
         self.tp = TensorParallel(self.model, group)
         self.backend = TorchPagedAttention()
+        self.adapters = AdapterSlots(self.model, config.max_loras, config.max_lora_rank, self.device)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.steps = 0
 
@@ -34,7 +37,7 @@ class Follower:
                 return
             self.handle(msg)
 
-    def handle(self, msg: Setup | Forward | Score | Targets | Logits) -> None:
+    def handle(self, msg: Setup | Forward | Adapter | Score | Targets | Logits) -> None:
         hidden_size, dtype, dev = self.model.hidden_size, self.model.dtype, self.device
         if isinstance(msg, Setup):
             shape = (msg.num_blocks * self.block_size, self.model.num_kv_heads, self.model.head_dim)
@@ -44,8 +47,14 @@ class Follower:
             meta = AttentionMetadata(msg.slot_mapping.to(dev), msg.starts, msg.lens,
                                      [s.to(dev) for s in msg.context_slots])
             meta.finalize(dev, dtype)
+            self.adapters.step.segments = msg.lora
             self.model(msg.input_ids.to(dev), msg.positions.to(dev), self.kv_caches, meta, self.backend)
             self.steps += 1
+        elif isinstance(msg, Adapter):
+            if msg.path is None:
+                self.adapters.clear(msg.slot)
+            else:  # rank 0 read and checked it; a rank that cannot read it raises, which breaks the group
+                self.adapters.write(msg.slot, read_adapter(msg.name, msg.path, self.adapters.max_rank, dtype))
         elif isinstance(msg, Score):
             rows = torch.empty(len(msg.targets), hidden_size, dtype=dtype, device=dev)
             temps = msg.temps.to(dev) if msg.temps is not None else None

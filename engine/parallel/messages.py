@@ -3,7 +3,7 @@ group). Tensors here are CPU index tensors; activations travel separately, by a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,19 @@ class Forward:
     starts: list[int]
     lens: list[int]
     context_slots: list[torch.Tensor]
+    # (LoRA adapter slot, first row, end row) runs of the step's rows (engine/layers/lora.py's LoraStep)
+    lora: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+@dataclass
+class Adapter:
+    """A LoRA adapter written into a slot, or the slot cleared (path None), between steps as rank 0's LoraManager
+    loads or evicts it. Each rank reads the PEFT folder itself (the ranks share a node: STRICT_PACK) and keeps its
+    share: a path travels, not the weights."""
+
+    slot: int
+    name: str = ""
+    path: str | None = None
 
 
 @dataclass
@@ -57,4 +70,4 @@ class Stop:
     """The engine is closing: the other ranks leave their loop."""
 
 
-Message = Setup | Forward | Score | Targets | Logits | Stop
+Message = Setup | Forward | Adapter | Score | Targets | Logits | Stop

@@ -6,7 +6,11 @@
 - fused gate/up: column parallel by intermediate rows; down_proj: row parallel, one all-reduce;
 - LM head: vocabulary parallel, contiguous ranges of ceil(V/N) rows (vocab.py); the embedding stays replicated
   (a row lookup: no collective per step, for V x hidden values per rank);
-- norms, rotary tables, per-head q/k norms: replicated.
+- norms, rotary tables, per-head q/k norms: replicated; a classifier's score head too (rank 0 applies it to the
+  pooled row, which the last all-reduce made the same on every rank): no vocabulary to split;
+- LoRA adapters: each split Linear records which share of the whole linear it is (engine/layers/lora.py's Shard),
+  and keeps the same share of every adapter (column parallel: all of A, its rows of B; row parallel: its columns of
+  A, all of B, the delta summed by the same all-reduce).
 
 A rank's hidden states after each all-reduce are the same bits on every rank, so the residual stream, the final
 norm and the scoring rows agree everywhere. The split runs after load_model's fuse, so families fused in the
@@ -18,21 +22,27 @@ import torch
 from torch import nn
 
 from engine.layers.linear import Linear, linear
+from engine.layers.lora import Shard
 from engine.models.llama import MLP, LlamaForCausalLM
 from engine.parallel.group import TPGroup
 
 
-class RowParallelLinear(nn.Module):
-    """y = all_reduce(x_r W_r^T) + b: each rank multiplies its slice of the input features."""
+class RowParallelLinear(Linear):
+    """y = all_reduce(x_r W_r^T + x_r A_r^T B^T) + b: each rank multiplies its slice of the input features, adapter
+    deltas included (partial sums like the base product's), and the bias is added once, after the sum."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: TPGroup) -> None:
-        super().__init__()
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: TPGroup, shard: Shard) -> None:
+        super().__init__(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
         self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)  # [out, in / N]
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.group = group
+        self.shard = shard
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.group.all_reduce(linear(x, self.weight))
+        y = linear(x, self.weight)
+        if self.lora is not None:
+            y = self.lora.add(y, x)
+        y = self.group.all_reduce(y)
         return y + self.bias if self.bias is not None else y
 
 
@@ -61,7 +71,7 @@ def refusals(model: LlamaForCausalLM, size: int) -> list[str]:
             found.append(f"intermediate_size {layer.mlp.intermediate_size} is not divisible by "
                          f"tensor_parallel_size {size}")
             break
-    if vocab_range(cfg.vocab_size, size - 1, size)[0] >= cfg.vocab_size:
+    if not model.classifier and vocab_range(cfg.vocab_size, size - 1, size)[0] >= cfg.vocab_size:
         found.append(f"vocab_size {cfg.vocab_size} leaves a rank of tensor_parallel_size {size} no vocabulary")
     return found
 
@@ -76,21 +86,31 @@ def shard_model(model: LlamaForCausalLM, group: TPGroup) -> None:
     for layer in model.model.layers:
         _shard_attention(layer.self_attn, rank, size, group)
         _shard_mlp(layer.mlp, rank, size, group)
+    model.num_kv_heads = model.model.layers[0].self_attn.num_kv_heads if model.num_layers else 0
+    if model.classifier:  # the score head stays whole: rank 0 applies it to a pooled row, the same on every rank
+        return
     lo, hi = vocab_range(model.config.vocab_size, rank, size)
     head = model.lm_head.weight[lo:hi].clone()  # a copy: with tied embeddings the full table stays for lookups
     model.lm_head = Linear(head.shape[1], head.shape[0], bias=False, device="meta")
     model.lm_head.weight = nn.Parameter(head, requires_grad=False)
-    model.num_kv_heads = model.model.layers[0].self_attn.num_kv_heads if model.num_layers else 0
 
 
-def _column(parts: list[tuple[int, int]], weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
-    """A Linear of the given output-row ranges of a fused weight, side by side."""
-    w = torch.cat([weight[lo:hi] for lo, hi in parts]).contiguous()
+def _column(rows: list[tuple[int, int]], weight: torch.Tensor, bias: torch.Tensor | None, widths: list[int]
+            ) -> Linear:
+    """A Linear of the given output-row ranges of a fused weight (its parts' widths: `widths`), side by side."""
+    w = torch.cat([weight[lo:hi] for lo, hi in rows]).contiguous()
     out = Linear(w.shape[1], w.shape[0], bias=bias is not None, device="meta")
     out.weight = nn.Parameter(w, requires_grad=False)
     if bias is not None:
-        out.bias = nn.Parameter(torch.cat([bias[lo:hi] for lo, hi in parts]).contiguous(), requires_grad=False)
+        out.bias = nn.Parameter(torch.cat([bias[lo:hi] for lo, hi in rows]).contiguous(), requires_grad=False)
+    out.shard = Shard(weight.shape[1], tuple(widths), out_rows=tuple(rows))
     return out
+
+
+def _row(weight: torch.Tensor, bias: torch.Tensor | None, lo: int, hi: int, group: TPGroup) -> RowParallelLinear:
+    """The input features [lo, hi) of a linear, row parallel."""
+    shard = Shard(weight.shape[1], (weight.shape[0],), in_cols=(lo, hi))
+    return RowParallelLinear(weight[:, lo:hi], bias, group, shard)
 
 
 def _shard_attention(attn: nn.Module, rank: int, size: int, group: TPGroup) -> None:
@@ -102,9 +122,10 @@ def _shard_attention(attn: nn.Module, rank: int, size: int, group: TPGroup) -> N
     qkv = attn.qkv_proj
     attn.qkv_proj = _column([(q0 + rank * q_local * d, q0 + (rank + 1) * q_local * d),
                              (k0 + kv_first * d, k0 + (kv_first + kv_local) * d),
-                             (v0 + kv_first * d, v0 + (kv_first + kv_local) * d)], qkv.weight, qkv.bias)
+                             (v0 + kv_first * d, v0 + (kv_first + kv_local) * d)], qkv.weight, qkv.bias,
+                            [hq * d, hkv * d, hkv * d])
     o = attn.o_proj
-    attn.o_proj = RowParallelLinear(o.weight[:, rank * q_local * d:(rank + 1) * q_local * d], o.bias, group)
+    attn.o_proj = _row(o.weight, o.bias, rank * q_local * d, (rank + 1) * q_local * d, group)
     attn.num_heads, attn.num_kv_heads = q_local, kv_local
 
 
@@ -114,7 +135,7 @@ def _shard_mlp(mlp: MLP, rank: int, size: int, group: TPGroup) -> None:
     lo, hi = rank * local, (rank + 1) * local
     gate_up = mlp.gate_up_proj
     assert gate_up is not None
-    mlp.gate_up_proj = _column([(lo, hi), (width + lo, width + hi)], gate_up.weight, gate_up.bias)
+    mlp.gate_up_proj = _column([(lo, hi), (width + lo, width + hi)], gate_up.weight, gate_up.bias, [width, width])
     down = mlp.down_proj
-    mlp.down_proj = RowParallelLinear(down.weight[:, lo:hi], down.bias, group)  # type: ignore[assignment]
+    mlp.down_proj = _row(down.weight, down.bias, lo, hi, group)
     mlp.intermediate_size = local

@@ -2,7 +2,12 @@
 every targeted Linear (least recently used evicted when no running request holds it, reloaded on demand), each
 request pinning its adapter's slot from its admission to its end. A request whose adapter cannot have a slot yet
 waits in the scheduler's queue (engine/core/adapter_queue.py). The model runner sets the step's rows by slot
-(LoraStep)."""
+(LoraStep).
+
+With tensor_parallel_size > 1 rank 0's manager decides (names, slots, pins) and tells the other ranks each load and
+eviction by slot (engine/parallel/messages.py's Adapter), in order with the steps; every rank writes its share of
+the adapter into the same slot (AdapterSlots: each split Linear keeps its share, engine/layers/lora.py), and each
+step's rows by slot travel with its Forward message."""
 
 from __future__ import annotations
 
@@ -15,21 +20,58 @@ from engine.config import EngineConfig
 from engine.layers.lora import LoraSlots, LoraStep
 from engine.loading.lora import LoraAdapter, LoraError, read_adapter
 from engine.models.llama import LlamaForCausalLM
+from engine.parallel.driver import TensorParallel
+
+
+class AdapterSlots:
+    """The slots of every Linear an adapter may target, in one model (a rank's shard with tensor parallelism): an
+    adapter written into a slot, a slot cleared. Allocated on the first write (no adapter: nothing allocated)."""
+
+    def __init__(self, model: LlamaForCausalLM, num_slots: int, max_rank: int, device: torch.device) -> None:
+        self.model, self.num_slots, self.max_rank, self.device = model, num_slots, max_rank, device
+        self.step = LoraStep()
+        self._ready = False
+
+    def write(self, slot: int, adapter: LoraAdapter) -> None:
+        self._ensure()
+        for (layer, module), (a, b) in adapter.weights.items():
+            linear, part, _ = self.model.lora_targets(layer)[module]
+            assert linear.lora is not None
+            linear.lora.set(slot, part, a.to(self.device), b.to(self.device), adapter.scaling)
+
+    def clear(self, slot: int) -> None:
+        for i in range(self.model.num_layers):
+            for linear, _, _ in self.model.lora_targets(i).values():
+                if linear.lora is not None:
+                    linear.lora.clear(slot)
+
+    def _ensure(self) -> None:
+        if self._ready:
+            return
+        for i in range(self.model.num_layers):
+            for linear, _, parts in self.model.lora_targets(i).values():
+                if linear.lora is None:
+                    linear.lora = LoraSlots(self.step, linear.in_features, parts, self.num_slots, self.max_rank,
+                                            self.model.dtype, self.device, linear.shard)
+        self._ready = True
 
 
 class LoraManager:
-    def __init__(self, model: LlamaForCausalLM, config: EngineConfig, device: torch.device) -> None:
+    def __init__(self, model: LlamaForCausalLM, config: EngineConfig, device: torch.device,
+                 parallel: TensorParallel | None = None) -> None:
+        """parallel: rank 0's handle on the other ranks (model is then rank 0's shard): each load and eviction is
+        sent to them."""
         self.model = model
-        self.device = device
+        self.parallel = parallel
         self.max_loras = config.max_loras
         self.max_rank = config.max_lora_rank
-        self.step = LoraStep()
+        self.slots = AdapterSlots(model, self.max_loras, self.max_rank, device)
+        self.step = self.slots.step
         self.paths: dict[str, str] = {}
         self.resident: OrderedDict[str, tuple[int, int]] = OrderedDict()  # name -> (slot, cache salt); LRU first
         self.pins: Counter[str] = Counter()  # requests holding the adapter's slot (admitted, not finished)
         self.users: Counter[str] = Counter()  # live requests of the adapter, queued or admitted
         self.free = list(range(self.max_loras - 1, -1, -1))
-        self._slots_ready = False
         self._loads = itertools.count(1)
         for name, path in (config.lora_adapters or {}).items():
             self.register(name, path)
@@ -117,12 +159,10 @@ class LoraManager:
     def _load(self, name: str) -> None:
         adapter = read_adapter(name, self.paths[name], self.max_rank, self.model.dtype)
         self._check(adapter)
-        self._ensure_slots()
         slot = self.free.pop()
-        for (layer, module), (a, b) in adapter.weights.items():
-            linear, part, _ = self.model.lora_targets(layer)[module]
-            assert linear.lora is not None
-            linear.lora.set(slot, part, a.to(self.device), b.to(self.device), adapter.scaling)
+        if self.parallel is not None:
+            self.parallel.load_adapter(slot, name, self.paths[name])
+        self.slots.write(slot, adapter)
         # A new salt per load: blocks computed with an earlier load of the same name are never hit again.
         self.resident[name] = (slot, hash(("lora", name, next(self._loads))))
 
@@ -131,22 +171,10 @@ class LoraManager:
         if slot_salt is None:
             return
         slot = slot_salt[0]
-        for i in range(self.model.num_layers):
-            for linear, _, _ in self.model.lora_targets(i).values():
-                if linear.lora is not None:
-                    linear.lora.clear(slot)
+        if self.parallel is not None:
+            self.parallel.clear_adapter(slot)
+        self.slots.clear(slot)
         self.free.append(slot)
-
-    def _ensure_slots(self) -> None:
-        """Each target Linear gets its slots on the first load (a server with no adapter allocates nothing)."""
-        if self._slots_ready:
-            return
-        for i in range(self.model.num_layers):
-            for linear, _, parts in self.model.lora_targets(i).values():
-                if linear.lora is None:
-                    linear.lora = LoraSlots(self.step, linear.in_features, parts, self.max_loras, self.max_rank,
-                                            self.model.dtype, self.device)
-        self._slots_ready = True
 
     def _check(self, adapter: LoraAdapter) -> None:
         """Every weight of the adapter names a target of the served model, with its shapes."""
@@ -159,7 +187,8 @@ class LoraManager:
                 raise LoraError(f"The adapter {adapter.name!r} adapts the module {module!r} of layer {layer}, which "
                                 f"this model does not serve adapted (targets: {sorted(targets)}).")
             linear, part, parts = targets[module]
-            if tuple(a.shape) != (adapter.rank, linear.in_features) or tuple(b.shape) != (parts[part], adapter.rank):
+            width = linear.whole_in_features
+            if tuple(a.shape) != (adapter.rank, width) or tuple(b.shape) != (parts[part], adapter.rank):
                 raise LoraError(f"The adapter {adapter.name!r} does not fit this model: {module} of layer {layer} "
                                 f"has A {tuple(a.shape)} and B {tuple(b.shape)}, expected "
-                                f"({adapter.rank}, {linear.in_features}) and ({parts[part]}, {adapter.rank}).")
+                                f"({adapter.rank}, {width}) and ({parts[part]}, {adapter.rank}).")

@@ -280,7 +280,7 @@ class ModelRunner:
         if plan.input_ids is not None:
             assert plan.positions is not None
             if self.parallel is not None:
-                self.parallel.announce_forward(plan.input_ids, plan.positions, plan.meta)
+                self.parallel.announce_forward(plan.input_ids, plan.positions, plan.meta, plan.lora_rows)
             self.forwards += 1
             if self.lora is not None:
                 self.lora.set_step(plan.lora_rows)

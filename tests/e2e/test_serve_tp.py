@@ -1,9 +1,11 @@
 """Tensor-parallel workers on the real local cluster: each replica reserves one bundle per rank (placement group,
-STRICT_PACK), runs rank 0 itself and N - 1 rank actors; rows equal transformers' within 1e-4; the ranks die with
-their replica; a killed rank takes the replica down and Serve replaces it."""
+STRICT_PACK), runs rank 0 itself and N - 1 rank actors; rows equal transformers' within 1e-4, with LoRA adapters
+(from the config and loaded at run time) those of transformers + PEFT; the ranks die with their replica; a killed
+rank takes the replica down and Serve replaces it."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import threading
 import time
@@ -15,8 +17,10 @@ import yaml
 from ray import serve
 from ray.serve import RunTarget
 
+from tests.helpers.engine import rand_ids
 from tests.helpers.reference import hf_model, hf_scores
 from tests.helpers.serve import deploy, ids_of, score_body
+from tests.helpers.tiny_adapters import build_adapter, peft_scores
 from workers.ranks import RANK_PREFIX
 
 ATOL = 1e-4
@@ -151,3 +155,32 @@ def _running(app: str) -> int:
     dep = status.deployments.get("EngineWorker")
     return dep.replica_states.get("RUNNING", 0) if dep is not None else 0
 
+
+
+def test_adapters_over_two_ranks_from_the_config_and_loaded_at_run_time(serve_url: str, tiny_models,
+                                                                       tmp_path) -> None:
+    """Every rank holds its share of each adapter: one from lora_adapters, one loaded through vLLM's route after the
+    ranks started (rank 0 tells the others), scored beside the base model's rows."""
+    base = tiny_models["llama"]
+    a = build_adapter(tmp_path / "a", base, rank=4, seed=21)
+    b = build_adapter(tmp_path / "b", base, rank=8, seed=22, targets=["q_proj", "v_proj", "down_proj"])
+    app, url = "tplora", serve_url + "/tplora"
+    deploy(app, "/tplora", _tp_args(model=str(base), tensor_parallel_size=2, worker_num_cpus=0.25,
+                                    max_num_batched_tokens=64, lora_adapters={"a": str(a)}))
+    try:
+        assert len(_alive_ranks()) == 1
+        r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": str(b)}, timeout=60)
+        assert r.status_code == 200 and "added successfully" in r.text, r.text
+        ids = rand_ids(20, seed=23)
+        asks = [{}, {"adapter": "a"}, {"adapter": "b"}]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:  # base and both adapters at once
+            answers = list(pool.map(lambda f: httpx.post(url + "/generate", json={**score_body(ids, 0), **f},
+                                                         timeout=120), asks))
+        for answer, want in zip(answers, [hf_scores(base, ids, 0), peft_scores(base, a, ids, 0),
+                                          peft_scores(base, b, ids, 0)], strict=True):
+            assert answer.status_code == 200, answer.text
+            rows = answer.json()["meta_info"]["input_token_logprobs"]
+            assert max(abs(v - w) for (v, _), w in zip(rows, want, strict=True)) <= ATOL
+    finally:
+        serve.delete(app)
+    _wait(lambda: not _alive_ranks(), 30, "rank actors outlived their replica")

@@ -24,12 +24,19 @@ class SplitRun:
     forwards: int  # forwards rank 0 ran
 
 
-def _batches(batches: list[Batch], eng: Any) -> tuple[list[list[RequestOutput]], EngineStats, int]:
-    results = [eng.generate(prompts, params, check=True) for prompts, params in batches]
+def _batches(batches: list[Batch], loads: list[dict[str, str]], eng: Any
+             ) -> tuple[list[list[RequestOutput]], EngineStats, int]:
+    results = []
+    for i, (prompts, params) in enumerate(batches):
+        for name, path in (loads[i] if i < len(loads) else {}).items():
+            eng.lora.register(name, path)  # what POST /v1/load_lora_adapter asks of the engine
+        results.append(eng.generate(prompts, params, check=True))
     return results, eng.stats(), eng.runner.forwards
 
 
-def run_split(size: int, cfg: dict[str, Any], batches: list[Batch]) -> SplitRun:
-    (results, stats, forwards), steps = run_local(size, EngineConfig(**cfg), partial(_batches, batches),
+def run_split(size: int, cfg: dict[str, Any], batches: list[Batch],
+              loads: list[dict[str, str]] | None = None) -> SplitRun:
+    """loads: per batch, LoRA adapters {name: PEFT folder} registered at run time before it runs."""
+    (results, stats, forwards), steps = run_local(size, EngineConfig(**cfg), partial(_batches, batches, loads or []),
                                                   timeout_s=240)
     return SplitRun(results, stats, steps, forwards)
