@@ -23,6 +23,7 @@ from types import FrameType
 import ray
 import yaml
 
+from deploy.config import check_user_configs
 from deploy.front_door import front_door
 
 DEFAULT_METRICS_PORT = 8080
@@ -42,7 +43,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     with open(args.config) as f:
-        door = front_door(yaml.safe_load(f), os.environ)
+        config = yaml.safe_load(f)
+    for app in config.get("applications") or ():
+        if app.get("import_path") == "deploy.app:build_app":
+            check_user_configs(app)  # before anything starts: Serve would stop a replica that refuses its user_config
+    door = front_door(config, os.environ)
     if args.print_env:
         print("\n".join(f"{k}={v}" for k, v in door.env.items()))
         return
