@@ -79,6 +79,7 @@ def test_serve_run_on_a_ray_start_head_then_shutdown_leaves_nothing(smollm2_path
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(PYTHONPATH=str(REPO), RAY_AUTH_MODE="disabled")  # no read or write of ~/.ray/auth_token
     gcs, dashboard = f"127.0.0.1:{ports['--port']}", f"http://127.0.0.1:{ports['--dashboard-port']}"
+    started = time.monotonic()
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", "--num-cpus", "4",
                              "--temp-dir", str(temp), "--include-dashboard", "true",
                              "--dashboard-host", "127.0.0.1", *(f"{k}={v}" for k, v in ports.items())],
@@ -103,6 +104,7 @@ def test_serve_run_on_a_ray_start_head_then_shutdown_leaves_nothing(smollm2_path
         names = {a.get("name") or a["class_name"] for a in created}
         assert any("EngineWorker" in n for n in names) and any("Ingress" in n for n in names), names
         pids = {a["actor_id"]: a["pid"] for a in created}
+        print(f"up and exact {time.monotonic() - started:.0f} s after `ray start`")
         subprocess.run([str(BIN / "serve"), "shutdown", "-y", "-a", dashboard], env=env, check=True, timeout=120,
                        capture_output=True)
 
@@ -110,7 +112,10 @@ def test_serve_run_on_a_ray_start_head_then_shutdown_leaves_nothing(smollm2_path
             states = {a["actor_id"]: a["state"] for a in actors(dashboard)}
             return all(states.get(i) == "DEAD" for i in pids) and not any(alive(p) for p in pids.values())
 
+        t0 = time.monotonic()
         wait_for(f"every actor of the app DEAD and its processes gone: {names}", all_gone, 120)
+        print(f"serve shutdown: {len(pids)} actors DEAD, their processes gone, {time.monotonic() - t0:.1f} s: "
+              f"{sorted(names)}")
     finally:
         for proc in (run, head):  # ours only: each started in a session of its own
             if proc is not None and proc.poll() is None:
