@@ -7,6 +7,7 @@ is alive. The head is this test's alone: free ports, its own temp dir and no tok
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -127,3 +128,4 @@ def test_serve_run_on_a_ray_start_head_then_shutdown_leaves_nothing(smollm2_path
                     proc.wait(30)
     leftover = subprocess.run(["pgrep", "-f", str(temp)], capture_output=True, text=True).stdout.split()
     assert not leftover, f"processes of the test's head left: {leftover}"
+    shutil.rmtree(temp, ignore_errors=True)
