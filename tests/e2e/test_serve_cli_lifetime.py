@@ -73,7 +73,7 @@ def wait_for(what: str, check: Any, timeout: float, proc: subprocess.Popen | Non
 def test_serve_run_on_a_ray_start_head_then_shutdown_leaves_nothing(smollm2_path: Path) -> None:
     ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
     (http_port,) = free_ports(1)
-    temp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    temp = Path(tempfile.mkdtemp(prefix="rscli", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     config = yaml.safe_load((REPO / "configs/local.yaml").read_text())
     config["http_options"]["port"] = http_port  # configs/local.yaml, on a port of its own
     (temp / "local.yaml").write_text(yaml.safe_dump(config))
