@@ -26,6 +26,7 @@ CPU_SCORE_ROWS = 256
 RUNTIME_FIELDS = ("max_num_batched_tokens", "long_prefill_token_threshold", "max_queued_requests",
                   "max_queued_tokens", "max_prompt_chars_per_token", "max_top_logprobs", "max_logprob_entries",
                   "stuck_engine_timeout_s", "pause_timeout_s")
+_NULLABLE = ("long_prefill_token_threshold",)
 UNKNOWN_RUNTIME_FIELD = ("user_config field `{name}` is not a runtime setting of the worker; these are: {fields} "
                          "(every other setting is an `args` field, and changing it restarts the replicas).")
 
@@ -154,9 +155,14 @@ class EngineConfig:
         """This config with `changes` (a worker's Serve `user_config`) applied: RUNTIME_FIELDS only, validated as at
         construction; ValueError naming the field otherwise (the deploy fails, the engine keeps its settings)."""
         changes = dict(changes or {})
-        for name in changes:
+        for name, value in changes.items():
             if name not in RUNTIME_FIELDS:
                 raise ValueError(UNKNOWN_RUNTIME_FIELD.format(name=name, fields=", ".join(RUNTIME_FIELDS)))
+            # A YAML value of the wrong type must not reach the scheduler: the types are int, int | None and float.
+            kind = float if isinstance(getattr(self, name), float) else int
+            if isinstance(value, bool) or not (isinstance(value, kind | int) or (value is None and name in _NULLABLE)):
+                raise ValueError(f"user_config field `{name}` must be {'a number' if kind is float else 'an integer'}"
+                                 f"{' or null' if name in _NULLABLE else ''}, got {value!r}")
         budget = changes.get("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.batch_invariant and budget > self.max_num_batched_tokens:
             # The invariant mode checked its matmul row plans for steps up to the start-up budget (invariant/mode.py).

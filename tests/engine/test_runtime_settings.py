@@ -5,6 +5,7 @@ which the engine enforces the new limits and bounds and its answers stay what th
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -19,13 +20,19 @@ def test_with_runtime_lays_changes_over_the_config() -> None:
     cfg = base.with_runtime({"max_top_logprobs": 3, "max_num_batched_tokens": 64, "pause_timeout_s": 5.0})
     assert (cfg.max_top_logprobs, cfg.max_num_batched_tokens, cfg.pause_timeout_s) == (3, 64, 5.0)
     assert base.with_runtime(None) == base and cfg.kv_cache_bytes == base.kv_cache_bytes
+    assert base.with_runtime({"long_prefill_token_threshold": None, "stuck_engine_timeout_s": 30}) == \
+        replace(base, stuck_engine_timeout_s=30)
 
 
 @pytest.mark.parametrize("changes, words", [
     ({"max_num_seqs": 8}, "`max_num_seqs` is not a runtime setting of the worker; these are: max_num_batched_tokens"),
     ({"kv_cache_bytes": 1}, "`kv_cache_bytes` is not a runtime setting"),
     ({"max_queued_requests": 0}, "max_queued_requests must be positive"),
-    ({"max_prompt_chars_per_token": 0}, "max_prompt_chars_per_token must be positive")])
+    ({"max_prompt_chars_per_token": 0}, "max_prompt_chars_per_token must be positive"),
+    ({"max_num_batched_tokens": 16.5}, "`max_num_batched_tokens` must be an integer, got 16.5"),
+    ({"max_top_logprobs": "5"}, "`max_top_logprobs` must be an integer, got '5'"),
+    ({"pause_timeout_s": True}, "`pause_timeout_s` must be a number"),
+    ({"max_queued_tokens": None}, "`max_queued_tokens` must be an integer, got None")])
 def test_bad_runtime_changes_are_refused_by_name(changes: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         EngineConfig().with_runtime(changes)
