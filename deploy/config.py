@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, mode
 
 from engine.config import EngineConfig
 from ingress.deployment import INGRESS_NUM_CPUS
+from ingress.live_app import runtime_settings
 from ingress.settings import IngressSettings
 
 MIB = 1024 * 1024
@@ -130,3 +131,17 @@ class AppConfig(DerivedFields):  # type: ignore[misc,valid-type]
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(EngineConfig) if f.name not in _EDGE_FIELDS}
         threads = self.num_threads or (max(1, int(self.worker_num_cpus)) if self.worker_num_gpus == 0 else None)
         return {**values, "kv_cache_bytes": self.kv_cache_mb * MIB, "num_threads": threads}
+
+
+def check_user_configs(app: dict[str, Any]) -> None:
+    """ValueError naming the field when a Serve config's application (`applications:` entry) gives a deployment a
+    `user_config` its replicas would refuse. Serve stops a replica whose reconfigure raises, so a bad field pushed
+    to running replicas takes them down; deploy/launch.py checks the file first."""
+    cfg = AppConfig.model_validate(app.get("args") or {})
+    for deployment in app.get("deployments") or ():
+        user_config = deployment.get("user_config")
+        if deployment.get("name") == "Ingress" and user_config:
+            runtime_settings(cfg.ingress_settings(), user_config)
+        elif deployment.get("name") == "EngineWorker" and user_config:
+            EngineConfig(**cfg.engine_config()).with_runtime(user_config)
+

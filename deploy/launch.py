@@ -8,6 +8,7 @@ which reuses the Ray it finds initialized. Ctrl-C stops both.
 
     python -m deploy.launch configs/local.yaml [--metrics-export-port 8080]
     python -m deploy.launch configs/cluster.yaml --print-env    # the variables to give `ray start` on each node
+    python -m deploy.launch configs/cluster.yaml --check        # args and user_config, before `serve deploy`
 
 On a cluster, start each node with those variables and `ray start ... --metrics-export-port=8080`, then use
 `serve run` / `serve deploy` as usual (configs/cluster.yaml).
@@ -23,6 +24,7 @@ from types import FrameType
 import ray
 import yaml
 
+from deploy.config import check_user_configs
 from deploy.front_door import front_door
 
 DEFAULT_METRICS_PORT = 8080
@@ -39,10 +41,19 @@ def main(argv: list[str] | None = None) -> None:
                         help="Port of Ray's Prometheus endpoint on this node (default %(default)s)")
     parser.add_argument("--print-env", action="store_true",
                         help="Print the front door's environment for `ray start` and exit")
+    parser.add_argument("--check", action="store_true",
+                        help="Check the file's args and each deployment's user_config, as the replicas would, and exit")
     args = parser.parse_args(argv)
 
     with open(args.config) as f:
-        door = front_door(yaml.safe_load(f), os.environ)
+        config = yaml.safe_load(f)
+    for app in config.get("applications") or ():
+        if app.get("import_path") == "deploy.app:build_app":
+            check_user_configs(app)  # before anything starts: Serve would stop a replica that refuses its user_config
+    if args.check:
+        print(f"rayscore: {args.config}: args and user_config valid", flush=True)
+        return
+    door = front_door(config, os.environ)
     if args.print_env:
         print("\n".join(f"{k}={v}" for k, v in door.env.items()))
         return

@@ -133,6 +133,17 @@ class AsyncEngine:
         self._wake.set()
         return done
 
+    def reconfigure(self, config: EngineConfig) -> concurrent.futures.Future:
+        """Apply `config` (EngineConfig.with_runtime of this engine's) between two steps: the step budget, the
+        queue bounds, the limits and the timeouts; a queued request keeps its place. The future resolves once it
+        holds."""
+        def apply(engine: LLMEngine) -> None:
+            engine.apply_runtime(config)
+            self.admission.resize(config.max_queued_requests, config.max_queued_tokens)
+            self._pause.timeout_s = config.pause_timeout_s  # only the engine thread touches the pause
+
+        return self.run_between_steps(apply)
+
     def pause(self, mode: str) -> concurrent.futures.Future:
         """Pause generation in SGLang's `mode` (engine/core/pause.py); the future holds how many requests were in."""
         return self._command("pause", mode)

@@ -6,7 +6,8 @@ these fields, their types, defaults and docs, so nothing here is restated there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rulebook.limits import MAX_LOGPROB_ENTRIES, MAX_TOP_LOGPROBS
@@ -18,6 +19,16 @@ AttentionChoice = Literal["auto", "torch", "varlen"]
 DEFAULT_MODEL = "smollm2-135m-instruct"
 # Scoring chunk rows where none is derived (CPU, batch-invariant mode): engine/runner/score_chunks.py.
 CPU_SCORE_ROWS = 256
+
+# What a running engine changes between two steps (LLMEngine.apply_runtime), with no rebuild of its model, KV cache
+# or CUDA graphs: the worker's Serve `user_config`. Not max_num_seqs: the decode graphs and the invariant mode's
+# checks are sized by it. Every other field is fixed at start (an `args` field: changing it restarts the workers).
+RUNTIME_FIELDS = ("max_num_batched_tokens", "long_prefill_token_threshold", "max_queued_requests",
+                  "max_queued_tokens", "max_prompt_chars_per_token", "max_top_logprobs", "max_logprob_entries",
+                  "stuck_engine_timeout_s", "pause_timeout_s")
+_NULLABLE = ("long_prefill_token_threshold",)
+UNKNOWN_RUNTIME_FIELD = ("user_config field `{name}` is not a runtime setting of the worker; these are: {fields} "
+                         "(every other setting is an `args` field, and changing it restarts the replicas).")
 
 
 def _doc(default: Any, doc: str) -> Any:
@@ -124,7 +135,7 @@ class EngineConfig:
             raise ValueError("lora_adapters are served with batch_invariant off only: an adapter's delta is not "
                              "computed in the invariant mode's fixed tiles")
         for name in ("max_queued_requests", "max_queued_tokens", "max_logprob_entries", "stuck_engine_timeout_s",
-                     "pause_timeout_s"):
+                     "pause_timeout_s", "max_prompt_chars_per_token"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_top_logprobs < 0:
@@ -140,6 +151,25 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be auto, torch or varlen, got {self.attention_backend!r}")
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs", "raw_logits", "none"):
             raise ValueError(f"unknown logprobs_mode {self.logprobs_mode!r}")
+
+    def with_runtime(self, changes: Mapping[str, Any] | None) -> EngineConfig:
+        """This config with `changes` (a worker's Serve `user_config`) applied: RUNTIME_FIELDS only, validated as at
+        construction; ValueError naming the field otherwise (the deploy fails, the engine keeps its settings)."""
+        changes = dict(changes or {})
+        for name, value in changes.items():
+            if name not in RUNTIME_FIELDS:
+                raise ValueError(UNKNOWN_RUNTIME_FIELD.format(name=name, fields=", ".join(RUNTIME_FIELDS)))
+            # A YAML value of the wrong type must not reach the scheduler: the types are int, int | None and float.
+            kind = float if isinstance(getattr(self, name), float) else int
+            if isinstance(value, bool) or not (isinstance(value, kind | int) or (value is None and name in _NULLABLE)):
+                raise ValueError(f"user_config field `{name}` must be {'a number' if kind is float else 'an integer'}"
+                                 f"{' or null' if name in _NULLABLE else ''}, got {value!r}")
+        budget = changes.get("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.batch_invariant and budget > self.max_num_batched_tokens:
+            # The invariant mode checked its matmul row plans for steps up to the start-up budget (invariant/mode.py).
+            raise ValueError(f"max_num_batched_tokens cannot rise above {self.max_num_batched_tokens} in place with "
+                             "batch_invariant on (its checks covered steps up to that size): change it in `args`")
+        return replace(self, **changes)
 
     @property
     def value_mode(self) -> str:

@@ -163,6 +163,12 @@ class LLMEngine:
             self.parallel.stop()
             self.parallel = None
 
+    def apply_runtime(self, config: EngineConfig) -> None:
+        """Take `config` (this engine's with other RUNTIME_FIELDS: EngineConfig.with_runtime) between two steps: the
+        scheduler's budget here; the limits and timeouts are read from self.config where they are checked."""
+        self.config = config
+        self.scheduler.set_budget(config.max_num_batched_tokens, config.long_prefill_token_threshold)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 # How long an ingress replica trusts its copy of the adapter registry.
 ADAPTERS_TTL_S = 1.0
+# How old the ingress's copy of a worker's ModelInfo may grow before it is asked again (in the background: no request
+# waits for it): the worker's runtime settings (its user_config) reach the ingress's checks within this time.
+MODEL_INFO_TTL_S = 2.0
 WEIGHT_UPDATES_OFF = "Weight updates are off on this deployment (config field `weight_updates`)."
 CONTROLS_OFF = ("Generation controls reach every worker through the weight registry, which is off on this deployment "
                 "(config field `weight_updates`).")
@@ -140,14 +143,27 @@ class HandleBackend:
         self._weight_updates = weight_updates
         self._stream_worker = worker.options(stream=True)
         self._ready_timeout_s = ready_timeout_s
-        # Every replica serves the same model, so the first answer holds for the deployment's lifetime.
+        # Every replica serves the same model; the info's runtime limits follow the workers' user_config
+        # (refreshed after MODEL_INFO_TTL_S).
         self._info: ModelInfo | None = None
+        self._info_at = 0.0
+        self._info_refresh: asyncio.Task[None] | None = None
         self._tokenizer_info: TokenizerInfo | None = None
 
     async def model_info(self) -> ModelInfo:
         if self._info is None:
-            self._info = await _call(self._worker.model_info)
+            self._info, self._info_at = await _call(self._worker.model_info), time.monotonic()
+        elif time.monotonic() - self._info_at > MODEL_INFO_TTL_S and self._info_refresh is None:
+            self._info_refresh = asyncio.create_task(self._refresh_info())
         return self._info
+
+    async def _refresh_info(self) -> None:
+        try:
+            self._info, self._info_at = await _call(self._worker.model_info), time.monotonic()
+        except Exception as exc:  # noqa: BLE001  # no worker now: the copy held stays, the next call tries again
+            logger.info("model_info refresh failed: %s", type(exc).__name__)
+        finally:
+            self._info_refresh = None
 
     async def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         response = None

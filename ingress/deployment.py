@@ -7,7 +7,8 @@ where `worker` is the worker deployment (methods `generate` streaming GenerateCh
 `ready_timeout_s` bounds how long GET /health waits for a worker's `stats` before answering 503, `settings` holds
 the limits, deadlines and config keys (settings.py), and `weight_updates` says whether the worker deployment keeps a
 weight registry (workers/weights.py). Serve's `user_config` on this deployment ({field: value} of IngressSettings
-but the keys) replaces those settings in place through `reconfigure`, without restarting the replica.
+but the keys and the workers' logprob limits: live_app.py) replaces those settings in place through `reconfigure`,
+without restarting the replica.
 Handle method: `stats()` -> IngressStats (requests run again after their worker was lost).
 """
 

@@ -110,7 +110,7 @@ class Batch:
         chunk is awaited."""
         if self._streams:
             raise RuntimeError("a batch is opened once")
-        check_limits(requests, self._settings)
+        check_limits(requests, self._settings, info)
         self._streams = [self._backend.stream(req) for req in as_one_unit(self._adapted(requests), info)]
 
     async def answers(self, requests: Sequence[GenerateRequest], info: ModelInfo) -> list[GenerateChunk]:
@@ -118,7 +118,7 @@ class Batch:
         work, the same whole answers in order, the same errors (the first failed answer's, in order)."""
         if self._streams:
             raise RuntimeError("a batch is opened once")
-        check_limits(requests, self._settings)
+        check_limits(requests, self._settings, info)
         if not requests:  # e.g. a completion that only echoes its prompt: nothing to ask a worker
             return []
         wholes = await self._backend.answers(as_one_unit(self._adapted(requests), info))

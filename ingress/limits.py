@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from ingress.errors import enforce
 from ingress.settings import IngressSettings
 from rulebook import limits
-from workers.protocol import GenerateRequest
+from workers.protocol import GenerateRequest, ModelInfo
 
 
 def logprob_entries(req: GenerateRequest) -> int:
@@ -24,15 +24,20 @@ def logprob_entries(req: GenerateRequest) -> int:
     return req.params.logprob_entries(len(req.input_ids) if req.input_ids is not None else 0)
 
 
-def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings, param: str | None = None) -> None:
-    """Raise InvalidRequest (400) when the worker requests of one HTTP request exceed a limit. param: the body's
-    field that asked for the logprobs (a route that knows it checks first, so that its 400 names the field)."""
+def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings, info: ModelInfo | None = None,
+                 param: str | None = None) -> None:
+    """Raise InvalidRequest (400) when the worker requests of one HTTP request exceed a limit. The logprob limits are
+    the workers' (`info`: their runtime settings, changed by their user_config) where it carries them, else the
+    settings'. param: the body's field that asked for the logprobs (a route that knows it checks first, so that its
+    400 names the field)."""
     check_fan_out(len(requests), settings)
+    top = info.max_top_logprobs if info is not None and info.max_top_logprobs is not None else settings.max_top_logprobs
+    entries = (info.max_logprob_entries if info is not None and info.max_logprob_entries is not None
+               else settings.max_logprob_entries)
     for req in requests:
         check_fields(req, settings)
-        enforce(limits.top_logprobs_over(req.params.top_logprobs_num, settings.max_top_logprobs), param=param)
-    enforce(limits.entries_over(sum(logprob_entries(req) for req in requests), settings.max_logprob_entries),
-            param=param)
+        enforce(limits.top_logprobs_over(req.params.top_logprobs_num, top), param=param)
+    enforce(limits.entries_over(sum(logprob_entries(req) for req in requests), entries), param=param)
 
 
 def check_fan_out(n: int, settings: IngressSettings) -> None:

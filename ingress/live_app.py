@@ -16,12 +16,16 @@ from starlette.types import Receive, Scope, Send
 
 from ingress.settings import IngressSettings
 
-# Not settable through user_config: the keys are secrets (args or the environment, read at start), and the two
-# logprob limits are the engine's as well (changing them is a worker restart: args).
-NOT_RUNTIME = frozenset({"api_keys", "admin_api_keys", "max_top_logprobs", "max_logprob_entries"})
+# Not settable through the ingress's user_config: the keys are secrets (args or the environment, read at start), and
+# the two logprob limits are the workers' runtime settings (their user_config: one place), which the ingress checks
+# as the workers report them (ModelInfo).
+WORKERS_FIELDS = frozenset({"max_top_logprobs", "max_logprob_entries"})
+NOT_RUNTIME = frozenset({"api_keys", "admin_api_keys"}) | WORKERS_FIELDS
 RUNTIME_FIELDS = tuple(f.name for f in dataclasses.fields(IngressSettings) if f.name not in NOT_RUNTIME)
 UNKNOWN_FIELD = ("user_config field `{name}` is not a runtime setting of the ingress; these are: {fields} (every "
                  "other setting is an `args` field, and changing it restarts the replicas).")
+WORKERS_FIELD = ("user_config field `{name}` is a runtime setting of the workers: set it in the EngineWorker "
+                 "deployment's user_config (the ingress checks requests against the workers' value).")
 
 
 def runtime_settings(base: IngressSettings, user_config: Mapping[str, Any] | None) -> IngressSettings:
@@ -29,6 +33,8 @@ def runtime_settings(base: IngressSettings, user_config: Mapping[str, Any] | Non
     (Serve then reports the deploy as failed and the replicas keep their settings)."""
     changes = dict(user_config or {})
     for name in changes:
+        if name in WORKERS_FIELDS:
+            raise ValueError(WORKERS_FIELD.format(name=name))
         if name not in RUNTIME_FIELDS:
             raise ValueError(UNKNOWN_FIELD.format(name=name, fields=", ".join(RUNTIME_FIELDS)))
     return dataclasses.replace(base, **changes)

@@ -44,6 +44,10 @@ class ModelInfo:
     # worker can never be admitted, and is refused with 400 rather than 503 + Retry-After.
     max_queued_requests: int | None = None
     max_queued_tokens: int | None = None
+    # The worker's logprob limits (engine/config.py; runtime settings of its user_config): the ingress checks a
+    # request's worker requests against them before any is sent. None: the ingress's own settings.
+    max_top_logprobs: int | None = None
+    max_logprob_entries: int | None = None
     # A classifier (*ForSequenceClassification): its labels' count (0: a causal LM), its config's id2label (label
     # index -> name) and problem_type (what vLLM's probabilities apply: softmax, sigmoid or none).
     num_labels: int = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -14,7 +15,7 @@ from jinja2 import TemplateError
 from ray import serve
 
 from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
+from engine.config import RUNTIME_FIELDS, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from rulebook import rules
@@ -50,7 +51,7 @@ class EngineWorker:
     `generate` (stream=True), `generate_whole` (unary: whole answers of several requests), `model_info`, `stats`,
     the tokenizer's `tokenize`, `tokenize_many`, `detokenize`, `detokenize_many`, `token_texts`, `apply_chat_template`,
     `tokenizer_info` (for the OpenAI-compatible routes), and `weights_registry` (the weight registry's actor handle);
-    Serve calls `check_health`."""
+    Serve calls `check_health` and `reconfigure` (user_config)."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None,
                  weight_updates: bool = False) -> None:
@@ -67,10 +68,12 @@ class EngineWorker:
                               prompt_chars_per_token=cfg.max_prompt_chars_per_token,
                               kv_capacity_tokens=eng.kv.pool.num_blocks * cfg.block_size,
                               max_queued_requests=cfg.max_queued_requests, max_queued_tokens=cfg.max_queued_tokens,
+                              max_top_logprobs=cfg.max_top_logprobs, max_logprob_entries=cfg.max_logprob_entries,
                               num_labels=eng.model.num_labels,
                               id2label=_labels(eng.hf_config) if eng.model.classifier else {},
                               problem_type=getattr(eng.hf_config, "problem_type", None))
         self.tokenizer = eng.tokenizer
+        self._base_config = cfg  # what `args` gave; user_config (reconfigure) is laid over it
         # Serve's model multiplexing of LoRA adapters: an LRU of max_loras adapter names per replica that Serve
         # reports to every router (the engine's own LRU of slots is the same size and loads on demand).
         # A plain function, not a bound method: Serve keeps its LRU as an attribute of what it wraps.
@@ -88,6 +91,21 @@ class EngineWorker:
         log.info("rayscore worker ready: model=%s device=%s dtype=%s kv_blocks=%d pid=%d CUDA_VISIBLE_DEVICES=%s",
                  cfg.model, eng.device, cfg.dtype, eng.kv.pool.num_blocks, os.getpid(),
                  os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    async def reconfigure(self, user_config: dict[str, Any] | None) -> None:
+        """Serve's user_config (`deployments: [{name: EngineWorker, user_config: {...}}]` in the YAML): the engine's
+        RUNTIME_FIELDS (engine/config.py) over what `args` gave, applied between two engine steps, no restart.
+        Called after __init__ at every start too, so a replica started later runs on them. An unknown or invalid
+        field raises ValueError (Serve reports the deploy failed; the engine keeps its settings)."""
+        cfg = self._base_config.with_runtime(user_config)
+        await asyncio.wrap_future(self.engine.reconfigure(cfg))
+        # The ingress validates against these (its ModelInfo is refreshed: ingress/backend.py).
+        self.info = dataclasses.replace(self.info, prompt_chars_per_token=cfg.max_prompt_chars_per_token,
+                                        max_queued_requests=cfg.max_queued_requests,
+                                        max_queued_tokens=cfg.max_queued_tokens,
+                                        max_top_logprobs=cfg.max_top_logprobs,
+                                        max_logprob_entries=cfg.max_logprob_entries)
+        log.info("rayscore worker runtime settings: %s", {f: getattr(cfg, f) for f in RUNTIME_FIELDS})
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         ids = req.input_ids

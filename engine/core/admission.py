@@ -32,6 +32,11 @@ class AdmissionQueue:
         self._tokens = 0
         self.num_refused = 0
 
+    def resize(self, max_requests: int, max_tokens: int) -> None:
+        """New bounds (a worker's user_config): requests already queued stay; the next admission is judged on them."""
+        with self._lock:
+            self.max_requests, self.max_tokens = max_requests, max_tokens
+
     def admit(self, request_id: str, num_tokens: int, group: str | None = None, shared: int = 0) -> str | None:
         """Queue the request, or return why not (a message naming the limit and its config field). An id that
         waits already is the caller's error (AsyncEngine refuses ids in use before it admits): never overwritten,

@@ -48,13 +48,18 @@ class Scheduler:
         self.kv = kv
         self.adapters = adapters
         self.hidden_state_store = hidden_state_store
-        self.max_num_batched_tokens = max_num_batched_tokens
-        # A request's first share of a step; None: a quarter of the budget (EngineConfig's default).
-        self.chunk_cap = long_prefill_token_threshold or max(1, max_num_batched_tokens // 4)
+        self.set_budget(max_num_batched_tokens, long_prefill_token_threshold)
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest first: the newest is preempted first
         self.num_preemptions = 0  # since start: each one frees a request's blocks for a later recompute
+
+    def set_budget(self, max_num_batched_tokens: int, long_prefill_token_threshold: int | None) -> None:
+        """The step's token budget and a long prefill's first share; changed between steps (a worker's user_config):
+        each step schedules from the counters alone, so a request mid-prefill goes on under the new budget."""
+        self.max_num_batched_tokens = max_num_batched_tokens
+        # A request's first share of a step; None: a quarter of the budget (EngineConfig's default).
+        self.chunk_cap = long_prefill_token_threshold or max(1, max_num_batched_tokens // 4)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)

@@ -136,7 +136,7 @@ class ChatRoutes:
             params = scoring_params(params, settings.vllm)
         requests = [GenerateRequest(rid=cid, input_ids=prompt.ids, params=params)]
         if settings.vllm.prompt_logprobs is not None:  # its over-limit 400 names the field that asked
-            check_limits(requests, batch.settings, param="prompt_logprobs")
+            check_limits(requests, batch.settings, info, param="prompt_logprobs")
         choice = ChatChoice(prompt.ids, settings.logprobs, settings.vllm)
         if settings.stream:
             batch.open(requests, info)

@@ -151,7 +151,7 @@ class CompletionRoutes:
         requests = {i: req for i, ids in enumerate(ids_list)
                     if (req := prompt_request(f"{cid}-{i}", ids, settings)) is not None}
         if settings.vllm.prompt_logprobs is not None:  # its over-limit 400 names the field that asked
-            check_limits(list(requests.values()), batch.settings, param="prompt_logprobs")
+            check_limits(list(requests.values()), batch.settings, info, param="prompt_logprobs")
         # The echoed text of prompts sent as ids is decoded while the worker answers.
         echoed = self._prompt_texts(choices, items, settings)
         if settings.stream:

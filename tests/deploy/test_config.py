@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from deploy.config import AppConfig
+from deploy.config import AppConfig, check_user_configs
 from engine.config import EngineConfig
 
 
@@ -45,3 +45,22 @@ def test_bad_args_are_refused_when_read(args, words):
     with pytest.raises(ValidationError) as e:
         AppConfig.model_validate(args)
     assert words in str(e.value)
+
+
+@pytest.mark.parametrize("deployments, words", [
+    ([{"name": "EngineWorker", "user_config": {"max_num_seqs": 8}}],
+     "`max_num_seqs` is not a runtime setting of the worker; these are: max_num_batched_tokens"),
+    ([{"name": "EngineWorker", "user_config": {"max_queued_tokens": 0}}], "max_queued_tokens must be positive"),
+    ([{"name": "Ingress", "user_config": {"max_top_logprobs": 3}}], "set it in the EngineWorker deployment's"),
+    ([{"name": "Ingress", "user_config": {"model": "x"}}], "`model` is not a runtime setting of the ingress"),
+])
+def test_a_user_config_replicas_would_refuse_is_refused_when_read(deployments, words):
+    app = {"args": {"batch_invariant": False}, "deployments": deployments}
+    with pytest.raises(ValueError, match=words):
+        check_user_configs(app)
+
+
+def test_runtime_user_configs_pass_the_check():
+    check_user_configs({"args": {}, "deployments": [
+        {"name": "Ingress", "user_config": {"max_batch_items": 64}},
+        {"name": "EngineWorker", "num_replicas": 2, "user_config": {"max_top_logprobs": 5, "pause_timeout_s": 9}}]})

@@ -1,13 +1,16 @@
 """Nothing of a deploy outlives it, and runtime settings change in place, on the session's real Serve instance:
 the app deployed from a config (as `serve deploy` and `serve run` of a config file do), its weight registry a
-deployment-scoped actor of the workers; a redeploy that changes only the ingress's `user_config` (a limit) keeps
-every replica (same replica ids, same worker PIDs) and enforces the new limit; after `serve.delete` no actor or
+deployment-scoped actor of the workers; a redeploy that changes only the ingress's `user_config` (a limit), then
+one that changes only the workers' (their top-k limit and step budget), keeps every replica (same replica ids, same
+worker PIDs) and enforces the new limits, the scores still exact; a worker user_config field that is not a runtime
+setting fails the deploy, naming the runtime fields; after `serve.delete` no actor or
 process of the app is left (the registry used to be a detached actor that every deploy leaked)."""
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,18 +19,23 @@ from ray import serve
 from ray.serve.context import _get_global_client
 from ray.serve.schema import ServeDeploySchema
 
-from tests.helpers.serve import app_args, wait_ready, worker_stats
+from tests.helpers.reference import hf_scores
+from tests.helpers.serve import app_args, ids_of, score_body, wait_ready, worker_stats
 
 APP, PREFIX = "lifetime", "/lifetime"
 # 20 items x 2 labels = 40 worker requests: over the default max_batch_items (32), under 64.
+IDS = ids_of(40, 7)
 SCORE = {"query": [5, 6, 7], "items": [[10 + i] for i in range(20)], "label_token_ids": [1, 2]}
 
 
-def deploy_config(user_config: dict[str, Any] | None = None) -> None:
+def deploy_config(ingress: dict[str, Any] | None = None, worker: dict[str, Any] | None = None) -> None:
+    """The app from a config, with each deployment's user_config when given (Serve's `deployments:` entries)."""
     app: dict[str, Any] = {"name": APP, "route_prefix": PREFIX, "import_path": "deploy.app:build_app",
                            "args": app_args(num_workers=1, weight_updates=True)}
-    if user_config is not None:
-        app["deployments"] = [{"name": "Ingress", "user_config": user_config}]
+    deployments = [{"name": name, "user_config": config} for name, config in (("Ingress", ingress),
+                                                                              ("EngineWorker", worker)) if config]
+    if deployments:
+        app["deployments"] = deployments
     _get_global_client().deploy_apps(ServeDeploySchema(applications=[app]))
 
 
@@ -50,7 +58,16 @@ def alive(pid: int) -> bool:
     return True
 
 
-def test_limit_redeploy_in_place_and_nothing_left_after_delete(serve_url: str) -> None:
+def wait_status(name: str, want: str, timeout: float = 120.0) -> str:
+    """The app's status text (its message and its deployments') once it is `want`."""
+    deadline = time.monotonic() + timeout
+    while (app := serve.status().applications[name]).status != want:
+        assert time.monotonic() < deadline, f"app {name} not {want}: {app}"
+        time.sleep(0.5)
+    return " ".join([app.message, *(d.message for d in app.deployments.values())])
+
+
+def test_limit_redeploy_in_place_and_nothing_left_after_delete(serve_url: str, smollm2_path: Path) -> None:
     url = serve_url + PREFIX
     deploy_config()
     wait_ready(APP)
@@ -72,11 +89,34 @@ def test_limit_redeploy_in_place_and_nothing_left_after_delete(serve_url: str) -
                 assert time.monotonic() < deadline, "the new limit never reached the running ingress"
                 time.sleep(0.5)
             assert r.status_code == 200 and len(r.json()["scores"]) == 20, r.text
+            assert c.post("/generate", json=score_body(IDS, 2, k=3)).status_code == 200
+
+            # Only the worker's user_config changes: a lower top-k limit, and a step budget that chunks the prompt.
+            deploy_config({"max_batch_items": 64}, {"max_top_logprobs": 2, "max_num_batched_tokens": 16})
+            deadline = time.monotonic() + 120
+            while (r := c.post("/generate", json=score_body(IDS, 2, k=3))).status_code == 200:
+                assert time.monotonic() < deadline, "the workers' new limit never reached the ingress's checks"
+                time.sleep(0.5)
+            assert r.status_code == 400 and "max_top_logprobs" in r.json()["message"], r.text
+            r = c.post("/generate", json=score_body(IDS, 2, k=2))  # 37 rows over steps of 16 tokens now
+            assert r.status_code == 200, r.text
+            got = [row[0] for row in r.json()["meta_info"]["input_token_logprobs"]]
+            assert len(got) == len(IDS) - 3
+            assert max(abs(a - b) for a, b in zip(got, hf_scores(smollm2_path, IDS, 2), strict=True)) < 1e-4
         wait_ready(APP)
+        info = serve.get_deployment_handle("EngineWorker", app_name=APP).model_info.remote().result(timeout_s=30)
+        assert info.max_top_logprobs == 2
         after = app_actors()
         assert sorted(n for n in after if n.startswith("SERVE_REPLICA::")) == replicas  # no replica restarted
         assert set(worker_stats(APP, samples=4)) == worker_pids
         assert {n: pid_of(after[n]) for n in replicas + registry} == pids
+
+        # A field that is not a runtime setting fails the deploy, naming the runtime fields (Serve stops a replica
+        # whose reconfigure raises: deploy/launch.py checks a file before it starts anything).
+        deploy_config({"max_batch_items": 64}, {"max_top_logprobs": 2, "max_num_seqs": 8})
+        status = wait_status(APP, "DEPLOY_FAILED")
+        assert "`max_num_seqs` is not a runtime setting of the worker" in status, status
+        assert "max_num_batched_tokens" in status, status
     finally:
         serve.delete(APP)
     deadline = time.monotonic() + 60

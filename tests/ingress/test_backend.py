@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 
@@ -33,6 +34,23 @@ async def test_model_info_is_cached_after_first_success():
     assert await backend.model_info() == INFO
     assert await backend.model_info() == INFO
     assert len(handle.model_info.responses) == 2
+
+
+async def test_model_info_is_asked_again_in_the_background_once_old(monkeypatch):
+    """The workers' runtime limits (their user_config) reach the ingress: a copy older than MODEL_INFO_TTL_S is
+    refreshed while the request goes on with the one held; a refresh that fails keeps it."""
+    monkeypatch.setattr("ingress.backend.MODEL_INFO_TTL_S", 0.0)
+    newer = dataclasses.replace(INFO, max_top_logprobs=3)
+    handle = FakeHandle()
+    handle.model_info = FakeMethod([INFO], [RuntimeError("replica gone")], [newer])
+    backend = HandleBackend(handle)
+    assert await backend.model_info() == INFO
+    assert await backend.model_info() == INFO  # the refresh runs meanwhile, and fails
+    await asyncio.sleep(0.01)
+    assert await backend.model_info() == INFO  # kept; this call starts the next refresh
+    await asyncio.sleep(0.01)
+    assert await backend.model_info() == newer
+    assert len(handle.model_info.responses) >= 3
 
 
 async def test_stream_goes_through_the_streaming_handle_and_is_not_cancelled_when_complete():

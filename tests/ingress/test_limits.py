@@ -3,6 +3,8 @@ before any worker request is sent, in each route's error shape, with a message n
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 import pytest
 
@@ -59,6 +61,18 @@ async def test_generate_top_k_over_the_limit_is_refused_before_any_work() -> Non
     contract_error(r, 400, "max_top_logprobs")
     assert "6" in r.json()["message"] and "5" in r.json()["message"]
     assert len(backend.requests) == 1  # only the request within the limit reached a worker
+
+
+async def test_the_workers_reported_logprob_limits_are_the_ones_checked() -> None:
+    """The logprob limits are the workers' runtime settings (their user_config): the ingress checks what they
+    report in ModelInfo, raised or lowered, over its own start-up value."""
+    backend = FakeBackend()
+    backend.info = dataclasses.replace(backend.info, max_top_logprobs=8, max_logprob_entries=30)
+    async with client(backend, max_top_logprobs=5) as c:
+        assert (await c.post("/generate", json=score(4, k=7))).status_code == 200  # over 5: the workers say 8
+        contract_error(await c.post("/generate", json=score(4, k=9)), 400, "max_top_logprobs")
+        contract_error(await c.post("/generate", json=score(12, k=2)), 400, "max_logprob_entries")  # 33 > 30
+    assert len(backend.requests) == 1
 
 
 async def test_generate_entries_over_the_limit_are_refused_at_the_boundary() -> None:

@@ -22,7 +22,7 @@ def test_user_config_overlays_args() -> None:
 
 
 @pytest.mark.parametrize("config, words", [({"api_keys": ["x"]}, "`api_keys` is not a runtime setting"),
-                                           ({"max_top_logprobs": 5}, "`max_top_logprobs` is not a runtime"),
+                                           ({"max_top_logprobs": 5}, "setting of the workers: set it in"),
                                            ({"max_batch_items": 0}, "max_batch_items must be positive")])
 def test_bad_user_config_is_refused(config: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
