@@ -174,3 +174,21 @@ def pause_mode(mode: str) -> Violation | None:
 
 def abort_target(rid: str, abort_all: bool) -> Violation | None:
     return None if rid or abort_all else Violation(ABORT_WHAT, param="rid")
+
+
+# SGLang's /update_weights_from_disk fields this server cannot honour as set (the others change nothing here).
+UPDATE_REFUSED = "The {name} {value!r} is not supported by /update_weights_from_disk here: {why}."
+
+
+def update_refusal(load_format: str | None, keep_pause: bool, manifest: Mapping[str, Any] | None) -> Violation | None:
+    if load_format not in (None, "auto"):
+        return Violation(UPDATE_REFUSED.format(name="load_format", value=load_format,
+                                               why="weights load from safetensors (null or \"auto\")"), "load_format")
+    if keep_pause:
+        return Violation(UPDATE_REFUSED.format(name="keep_pause", value=keep_pause,
+                                               why="the server resumes after an update (POST /pause_generation "
+                                                   "pauses it)"), "keep_pause")
+    if manifest is not None:
+        return Violation(UPDATE_REFUSED.format(name="manifest", value="{...}", why="tensor manifests are not read"),
+                         "manifest")
+    return None

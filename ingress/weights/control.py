@@ -26,9 +26,9 @@ HEALTH_TIMEOUT_S = 20.0
 
 
 class PauseBody(BaseModel):
-    """SGLang's PauseGenerationReqInput."""
+    """SGLang's PauseGenerationReqInput (any other field: a 422 naming it)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     mode: str = Field("abort", description="abort: in-flight requests end now (finish_reason abort) with their "
                       "output; retract: they give back their KV cache and recompute after continue; in_place: they "
@@ -36,9 +36,9 @@ class PauseBody(BaseModel):
 
 
 class AbortBody(BaseModel):
-    """SGLang's AbortReq."""
+    """SGLang's AbortReq (any other field: a 422 naming it)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     rid: str = Field("", description="The request to abort (its rid, or meta_info.id).")
     abort_all: bool = Field(False, description="Abort every request in every worker.")

@@ -15,15 +15,19 @@ from starlette.responses import Response
 
 from ingress.backend import Backend
 from ingress.edge.openapi import error_responses
-from ingress.errors import JSONAnswer
+from ingress.errors import InvalidRequest, JSONAnswer
+from ingress.openai.render.common import error_json
 from ingress.openai.schemas.common import OpenAIErrorBody
+from rulebook.sglang import update_refusal
 from workers.protocol import WeightUpdate, WeightUpdateResult
 
 
 class UpdateWeightsBody(BaseModel):
-    """SGLang's UpdateWeightFromDiskReqInput (fields it has that do not apply here, e.g. load_format, are ignored)."""
+    """SGLang's UpdateWeightFromDiskReqInput. Its fields that change nothing here are declared and unused; those that
+    would change what happens are refused unless neutral (KEEP_PAUSE_REFUSED, ...); any other field is a 422 naming
+    it (extra="forbid"): an update request must never half-apply what it asked for."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     model_path: str = Field(description="A checkpoint folder (config.json + *.safetensors) every worker can read, "
                             "with the served model's config and shapes.")
@@ -33,6 +37,16 @@ class UpdateWeightsBody(BaseModel):
                               "says, since they were built on the old weights.")
     abort_all_requests: bool = Field(False, description="Abort the requests in flight instead of letting them "
                                      "finish on the old weights.")
+    load_format: str | None = Field(None, description="null or \"auto\" (safetensors): other formats are a 400.")
+    keep_pause: bool = Field(False, description="Only false: the server resumes after an update.")
+    manifest: dict[str, Any] | None = Field(None, description="Only null: tensor manifests are not read.")
+    # Change nothing here: the update returns when every worker serves the new weights, CUDA graphs read the weights
+    # in place, and the caching allocator is this server's to manage.
+    is_async: bool = Field(False, description="Accepted, unused: the call returns once the update is done.")
+    torch_empty_cache: bool = Field(False, description="Accepted, unused.")
+    recapture_cuda_graph: bool = Field(False, description="Accepted, unused: graphs read the weights in place.")
+    token_step: int = Field(0, description="Accepted, unused (the trainer's step id).")
+    rid: str | None = Field(None, description="Accepted, unused.")
 
 
 class ModelInfoAnswer(BaseModel):
@@ -57,6 +71,9 @@ def weights_router(backend: Backend) -> APIRouter:
     router = APIRouter()
 
     async def update_weights_from_disk(body: UpdateWeightsBody) -> Response:
+        refused = update_refusal(body.load_format, body.keep_pause, body.manifest)
+        if refused is not None:
+            return JSONAnswer(error_json(InvalidRequest(refused.message, param=refused.param)), status_code=400)
         return _answer(await backend.update_weights(
             WeightUpdate(body.model_path, body.weight_version, body.abort_all_requests)))
 

@@ -60,7 +60,7 @@ async def test_info_routes_and_health_generate() -> None:
 
 @pytest.mark.parametrize("path", ["/pause_generation", "/continue_generation", "/abort_request"])
 async def test_control_routes_need_an_admin_key(path: str) -> None:
-    body = {"abort_all": True}
+    body = {"abort_all": True} if path == "/abort_request" else {}
     keyed = with_keys(IngressSettings(api_keys=(PLAIN,), admin_api_keys=(ADMIN,)), {}, "127.0.0.1", False)
     async with client(FakeBackend(), keyed) as c:
         for key in (None, PLAIN):
@@ -68,3 +68,13 @@ async def test_control_routes_need_an_admin_key(path: str) -> None:
             assert (await c.post(path, json=body, headers=headers)).status_code == 401
         assert (await c.post(path, json=body, headers={"Authorization": f"Bearer {ADMIN}"})).status_code == 200
         assert (await c.get("/get_model_info", headers={"Authorization": f"Bearer {PLAIN}"})).status_code == 200
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/abort_request", {"rid": "r1", "abort_al": True}, "abort_al"), ("/pause_generation", {"mod": "retract"}, "mod")])
+async def test_an_unknown_field_is_a_422_naming_it(path: str, body: dict, field: str) -> None:
+    backend = FakeBackend()
+    async with client(backend) as c:
+        r = await c.post(path, json=body)
+    assert r.status_code == 422 and field in r.text
+    assert backend.controls == []

@@ -39,6 +39,21 @@ async def test_update_answers_in_sglangs_shape(tmp_path) -> None:
         assert flushed.status_code == 200 and flushed.json()["message"] == "Cache flushed."
 
 
+@pytest.mark.parametrize(("extra", "status", "named"), [
+    ({"keep_pause": True}, 400, "keep_pause"), ({"load_format": "dummy"}, 400, "load_format"),
+    ({"manifest": {"a": 1}}, 400, "manifest"), ({"model_paht": "x"}, 422, "model_paht"),
+    ({"is_async": True, "torch_empty_cache": True, "recapture_cuda_graph": True, "token_step": 3,
+      "load_format": "auto", "keep_pause": False}, 200, ""),
+])
+async def test_update_fields_are_honoured_refused_or_named(tmp_path, extra: dict, status: int, named: str) -> None:
+    backend = FakeBackend()
+    async with client(backend) as c:
+        r = await c.post("/update_weights_from_disk", json={"model_path": str(tmp_path), **extra})
+    assert r.status_code == status, r.text
+    assert named in r.text
+    assert len(backend.weight_updates) == (1 if status == 200 else 0)
+
+
 @pytest.mark.parametrize("path", ["/update_weights_from_disk", "/flush_cache"])
 async def test_admin_routes_need_an_admin_key(path: str, tmp_path) -> None:
     body = {"model_path": str(tmp_path)}
