@@ -32,7 +32,9 @@ def _environment() -> str:
 
     config = yaml.safe_load(open("configs/test.yaml"))
     config["applications"][0]["args"]["header_timeout_s"] = HEADER_TIMEOUT_S
+    os.environ["RAYSCORE_API_KEYS"] = KEY  # the front door's own checks see the environment's keys
     door = front_door(config, os.environ)
+    door.install()
     os.environ.update(door.env)
     run = tempfile.mkdtemp(prefix="rsh", dir="/tmp")  # short: HAProxy takes socket paths of 97 bytes at most
     os.environ.update(private_haproxy_files(run, _free_port(), _free_port()))
