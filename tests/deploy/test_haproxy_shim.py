@@ -191,3 +191,17 @@ def test_a_trickled_header_is_cut_at_the_header_timeout_in_total(haproxy: tuple[
     lines = b"GET /v1/models HTTP/1.1\r\nHost: t\r" + b"".join(b"\nX-Slow-%d: a\r" % i for i in range(12))
     status, _, seconds = _raw(port, lines, every_s=1.0)
     assert " 408 " in status + " " and HEADER_TIMEOUT_S <= seconds <= HEADER_TIMEOUT_S + 2, (status, seconds)
+
+
+def test_an_unexpected_config_still_starts_with_one_warning(tmp_path: Path) -> None:
+    """A configuration without Ray's sections: the shim leaves it as it is, says so in one line, runs HAProxy."""
+    config = tmp_path / "other.cfg"
+    text = f"defaults\n    mode http\n    timeout client 5s\nfrontend other\n    bind 127.0.0.1:{_free_port()}\n"
+    config.write_text(text)
+    door = front_door({"applications": [{"args": {"api_keys": [CONFIG_KEY]}}]},
+                      {"RAYSCORE_CACHE_DIR": str(tmp_path)}, unavailable=None)
+    door.install()
+    run = subprocess.run([door.env[BINARY_ENV], "-c", "-f", str(config)], capture_output=True, text=True, timeout=30)
+    warnings = [x for x in run.stderr.splitlines() if x.startswith("rayscore haproxy shim: warning:")]
+    assert run.returncode == 0 and "valid" in run.stdout + run.stderr, run.stderr
+    assert len(warnings) == 1 and "http_frontend" in warnings[0] and config.read_text() == text
