@@ -2,8 +2,9 @@
 
     python -m bench run [--quick] [--workload NAME ...] [--model PATH] [--reps N]
     python -m bench list
-    python -m bench http [run's options]  workload 5 alone: `run -w http` (short requests, streamed generation,
-                                        workload 2's prompts; --http-part picks one)
+    python -m bench http [run's options]  workload 5 alone: `run -w http` (short requests, 512-token requests,
+                                        streamed generation, workload 2's prompts; --http-part picks one) behind
+                                        the Python proxy and HAProxy (--front-door picks one)
     python -m bench <tool> [...]        one of the tools below, each with its own --help
 
 Tools, by folder (bench/lib/ holds the harness, timing and reports; bench/workloads/ the five workloads):
@@ -20,9 +21,10 @@ Tools, by folder (bench/lib/ holds the harness, timing and reports; bench/worklo
 
 Workloads (default: all, in this order): long (1 long scoring, MFU, bf16, memory), short (2 many short scoring
 requests), mc (3 multiple choice with shared contexts), gen (4 generation), http (5 over HTTP: 400 short scoring
-requests by 16 / 64 clients and in batches of 8 with the CPU of each serving process and its stages, streamed
-generation by 16 clients, then workload 2's prompts on one and two workers; --http-part picks one). Every ratio
-comes from both sides run here, alternating, median of --reps repetitions. Prints one table and writes
+requests by 16 / 64 clients and in batches of 8 with the CPU of each serving process and its stages, 512-token
+scoring requests by 16 clients, streamed generation by 16 clients, then workload 2's prompts on one and two workers;
+--http-part picks one; behind Serve's Python proxy and behind HAProxy with throughput mode, --front-door picks
+one). Every ratio comes from both sides run here, alternating, median of --reps repetitions. Prints one table and writes
 bench/results/<timestamp>.json and .md. llama.cpp (llama-cpp-python) joins when installed.
 """
 
@@ -56,9 +58,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=2, help="torch threads, the same for every side")
     r.add_argument("--no-llamacpp", action="store_true", help="leave llama.cpp out even when installed")
     r.add_argument("--http-concurrency", type=int, default=32, help="concurrent HTTP clients in workload 5")
-    r.add_argument("--http-part", choices=("all", "short", "stream", "prompts"), default="all",
-                   help="workload 5's parts: the short requests (400 x 48 tokens), streamed generation (64 x 32 "
-                        "tokens), workload 2's prompts, or all three")
+    r.add_argument("--http-part", choices=("all", "short", "long", "stream", "prompts"), default="all",
+                   help="workload 5's parts: the short requests (400 x 48 tokens), 512-token scoring requests, "
+                        "streamed generation (64 x 32 tokens), workload 2's prompts, or all four")
+    r.add_argument("--front-door", choices=("python", "haproxy", "both"), default="both",
+                   help="workload 5's front door: Serve's Python proxy, HAProxy with throughput mode, or both, one "
+                        "after the other in processes of their own, each against its own in-process baseline "
+                        "(default %(default)s)")
     r.add_argument("--slow-budget", type=float, default=None,
                    help="seconds per repetition a very slow side (bf16 without CPU support) may take before it "
                         "is measured on a shorter prompt (default 20 quick, 60 full)")
@@ -103,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = Settings(model=args.model, mode=mode, reps=args.reps, threads=args.threads,
                         use_llamacpp=not args.no_llamacpp, http_concurrency=args.http_concurrency,
                         slow_side_budget_s=args.slow_budget or (60.0 if mode == "full" else 20.0),
-                        http_part=args.http_part)
+                        http_part=args.http_part, front_door=args.front_door)
     set_threads(settings.threads)
     from bench.lib.context import Context
 

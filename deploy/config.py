@@ -94,10 +94,11 @@ class AppConfig(DerivedFields):  # type: ignore[misc,valid-type]
 
     # --- the front door (deploy/launch.py applies these when it starts Ray: HAProxy's settings and the guard in
     # front of Serve's own request handling are per cluster, read from the environment of Ray's processes) -----
-    header_timeout_s: float = Field(30.0, gt=0, description="HAProxy's client timeout: a connection that sends "
-                                    "nothing (no request yet, or between chunks of its request) for this long is "
-                                    "answered 408 and closed. Python proxy: not enforced (Serve's proxy has no such "
-                                    "timer).")
+    header_timeout_s: float = Field(30.0, gt=0, description="HAProxy's client timeout and header-phase timeout: "
+                                    "a connection that sends nothing (no request yet, or between chunks of its "
+                                    "request) for this long, or whose headers are not complete this long after its "
+                                    "request began, is answered 408 and closed. Python proxy: not enforced (Serve's "
+                                    "proxy has no such timer).")
     max_header_bytes: int = Field(16 * 1024, gt=0, description="Most bytes of request headers: 431 (front-door "
                                   "guard) or HAProxy's 400 above it.")
 

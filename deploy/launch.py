@@ -10,8 +10,9 @@ which reuses the Ray it finds initialized. Ctrl-C stops both.
     python -m deploy.launch configs/cluster.yaml --print-env    # the variables to give `ray start` on each node
     python -m deploy.launch configs/cluster.yaml --check        # args and user_config, before `serve deploy`
 
-On a cluster, start each node with those variables and `ray start ... --metrics-export-port=8080`, then use
-`serve run` / `serve deploy` as usual (configs/cluster.yaml).
+--print-env also writes the HAProxy shim the variables name (RAY_SERVE_HAPROXY_BINARY_PATH, in rayscore's cache dir)
+on the node it runs on. On a cluster, run it on each node, start each node with those variables and
+`ray start ... --metrics-export-port=8080`, then use `serve run` / `serve deploy` as usual (configs/cluster.yaml).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"rayscore: {args.config}: args and user_config valid", flush=True)
         return
     door = front_door(config, os.environ)
+    door.install()  # the HAProxy shim the environment names, on this node (with --print-env too: run it on each)
     if args.print_env:
         print("\n".join(f"{k}={v}" for k, v in door.env.items()))
         return

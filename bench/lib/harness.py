@@ -34,6 +34,9 @@ class Settings:
     # Workload 5's parts: "short" (http_short.py), "stream" (http_stream.py), "prompts" (workload 2's prompts) or
     # "all".
     http_part: str = "all"
+    # Workload 5's front door: Serve's Python proxy, HAProxy with the throughput-optimized data plane
+    # (deploy/front_door.py), or "both", each in a process of its own (bench/workloads/http_doors.py).
+    front_door: str = "python"
 
     def size(self, full: Any, quick: Any, smoke: Any) -> Any:
         return {"full": full, "quick": quick, "smoke": smoke}[self.mode]

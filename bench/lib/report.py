@@ -60,8 +60,16 @@ class Row:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["goal"] = self.goal.text(self.unit) if self.goal else None
+        d["goal_spec"] = asdict(self.goal) if self.goal else None
         d["ratio"], d["met"] = self.ratio, self.met
         return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Row:
+        """A row as to_json wrote it (a child process's results)."""
+        goal = Goal(**d["goal_spec"]) if d.get("goal_spec") else None
+        return cls(d["workload"], d["measure"], d["unit"], d["rayscore"], d.get("baseline_name", ""),
+                   d.get("baseline"), goal, d.get("note", ""))
 
 
 def fmt(x: float | None, unit: str = "") -> str:

@@ -61,6 +61,7 @@ def side(door: str, clients: int, requests: int, tokens: int) -> dict[str, Any]:
     config = yaml.safe_load(open("configs/local.yaml"))
     environ = {**os.environ, "RAYSCORE_FRONT_DOOR": "python"} if door == "python" else dict(os.environ)
     chosen = front_door(config, environ)
+    chosen.install()
     os.environ.update(chosen.env)
     os.environ.update(private_haproxy_files(tempfile.mkdtemp(prefix="rsb", dir="/tmp"), _free_port(), _free_port()))
     import ray

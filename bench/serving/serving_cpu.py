@@ -15,8 +15,10 @@ from pathlib import Path
 
 import psutil
 
-# Title fragment -> role. Order matters: the first fragment found names the process.
-ROLES = (("ProxyActor", "proxy"), ("ServeController", "controller"), (":Ingress", "ingress"),
+# Title fragment -> role. Order matters: the first fragment found names the process. Behind HAProxy the proxy role
+# is Ray's HAProxy manager actor and the HAProxy process it runs (`<binary> -db -f <config>`, deploy/front_door.py).
+ROLES = (("ProxyActor", "proxy"), ("HAProxyManager", "proxy"), ("haproxy -db -f", "proxy"),
+         ("ServeController", "controller"), (":Ingress", "ingress"),
          (":EngineWorker", "worker"), ("raylet", "raylet"), ("gcs_server", "gcs"))
 
 

@@ -1,7 +1,7 @@
-"""Workload 5, over HTTP: the short requests of http_short.py and the streamed generation of http_stream.py (issue
-24), then workload 2's prompts sent by
-concurrent clients to a Serve deployment with one and with two workers,
-against the same prompts in-process (the cost of the Serve path), with p50/p99 latency.
+"""Workload 5, over HTTP: the short requests of http_short.py, the 512-token requests of http_long.py and the streamed
+generation of http_stream.py (issue 24), then workload 2's prompts sent by concurrent clients to a Serve deployment
+with one and with two workers, against the same prompts in-process (the cost of the Serve path), with p50/p99
+latency; behind the front door --front-door names (http_doors.py: both by default, each in a process of its own).
 
 Starts its own local Ray in this process, deploys both apps side by side (idle workers cost no CPU) and
 alternates in-process / one worker / two workers. Workers keep their prefix caches, so every repetition
@@ -23,7 +23,7 @@ from bench.lib import rayscore_side as rs
 from bench.lib.context import Context
 from bench.lib.harness import Side, alternate, max_abs_diff_requests, percentile
 from bench.lib.report import Goal, Row
-from bench.workloads import http_short, http_stream
+from bench.workloads import http_doors, http_long, http_short, http_stream
 from bench.workloads.short_scoring import prompts
 
 NAME = "5 over HTTP"
@@ -73,6 +73,9 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
     from ray import serve
 
     s = ctx.settings
+    if s.front_door == "both":
+        return http_doors.both(ctx)
+    front_door = http_doors.enter(s.front_door)
     count = s.size(256, 32, 4)
     sets = [prompts(ctx, count, seed=501 + k) for k in range(s.reps + 1)]  # [0] is the warm-up's
     tokens = [sum(len(p) for p in ps) for ps in sets]
@@ -85,13 +88,18 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
                     max_num_batched_tokens=2048, worker_num_cpus=1, ingress_num_cpus=0.2)
         url = f"http://127.0.0.1:{port}"
         rows: list[Row] = []
-        details: dict[str, Any] = {}
+        details: dict[str, Any] = {"front_door": front_door}
         if s.http_part in ("all", "short"):  # one fresh worker per side, so each starts cold
             for _, app, *_ in http_short.HTTP_SIDES:
                 _deploy(app, {**base, "num_workers": 1, "num_threads": s.threads, **http_short.APP_ARGS.get(app, {})})
             rows, details["short"] = http_short.measure(ctx, url)
             for _, app, *_ in http_short.HTTP_SIDES:  # their CPUs and memory go to the next part's apps
                 serve.delete(app)
+        if s.http_part in ("all", "long"):  # 512-token scoring, its own fresh worker
+            _deploy(http_long.APP, {**base, "num_workers": 1, "num_threads": s.threads})
+            got, details["long"] = http_long.measure(ctx, url)
+            rows += got
+            serve.delete(http_long.APP)
         if s.http_part in ("all", "stream"):  # streamed generation, its own fresh worker
             _deploy(http_stream.APP, {**base, "num_workers": 1, "num_threads": s.threads})
             got, details["stream"] = http_stream.measure(ctx, url)

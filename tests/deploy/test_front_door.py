@@ -4,6 +4,9 @@ in both; an operator's own environment wins."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -49,3 +52,33 @@ def test_the_operators_environment_wins() -> None:
     env = front_door({}, {"RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": "5", "RAYSCORE_MAX_HEADER_BYTES": "100"},
                      unavailable=None).env
     assert env["RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"] == "5" and env["RAYSCORE_MAX_HEADER_BYTES"] == "100"
+
+
+def test_haproxy_runs_through_the_shim(tmp_path: Path) -> None:
+    """Ray runs our shim as its HAProxy binary: a script in rayscore's cache dir, named by its text, that runs the
+    operator's own binary when one is given (a shim given back is not taken for a binary)."""
+    from deploy.front_door import BINARY_ENV, SHIM, real_haproxy
+
+    config = {"applications": [{"args": {"header_timeout_s": 7.5}}]}
+    door = front_door(config, {"RAYSCORE_CACHE_DIR": str(tmp_path)}, unavailable=None)
+    shim = door.env[BINARY_ENV]
+    assert shim.startswith(str(tmp_path / "front-door")) and list(door.files) == [shim]
+    door.install()
+    text = Path(shim).read_text()
+    assert os.access(shim, os.X_OK) and str(SHIM.resolve()) in text and '"header_timeout_ms": 7500' in text
+    assert real_haproxy({}) in text
+    again = front_door(config, {"RAYSCORE_CACHE_DIR": str(tmp_path), BINARY_ENV: shim}, unavailable=None)
+    assert again.env[BINARY_ENV] == shim and again.files == door.files
+    own = front_door(config, {"RAYSCORE_CACHE_DIR": str(tmp_path), BINARY_ENV: "/opt/haproxy"}, unavailable=None)
+    assert own.env[BINARY_ENV] != shim and "/opt/haproxy" in own.files[own.env[BINARY_ENV]]
+    # The shim runs the real binary with Ray's arguments (no -f: nothing to patch).
+    run = subprocess.run([shim, "-v"], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0 and "HAProxy version" in run.stdout
+
+
+def test_print_env_names_the_shim_and_writes_it(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "deploy.launch", str(CONFIGS[0]), "--print-env"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "RAYSCORE_CACHE_DIR": str(tmp_path),
+                                                      "PYTHONPATH": os.getcwd()})
+    env = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
+    assert run.returncode == 0 and os.access(env["RAY_SERVE_HAPROXY_BINARY_PATH"], os.X_OK), run.stderr[-2000:]

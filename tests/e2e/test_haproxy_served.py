@@ -1,7 +1,8 @@
 """The e2e behaviours through the front door `make serve` starts (Ray Serve's HAProxy ingress, throughput-optimized
 data plane, the header guard), on a real local Ray of its own (tests/helpers/haproxy_cluster.py in a subprocess:
 a process holds one Ray): exact scoring, request ids, API keys, streaming, a request longer than the header timeout,
-abort on disconnect; no 5xx for header bytes; headers bounded; an idle connection cut within header_timeout_s."""
+abort on disconnect; no 5xx for header bytes; headers bounded; an idle connection and a trickled header cut within
+header_timeout_s; Serve's /-/routes closed without a key, /-/healthz open."""
 
 from __future__ import annotations
 
@@ -56,7 +57,15 @@ def test_idle_connection_cut_within_the_header_timeout(facts: dict) -> None:
     assert "408" in status and seconds <= HEADER_TIMEOUT_S + 2
 
 
-def test_serve_routes(facts: dict) -> None:
-    # HAProxy answers /-/routes itself (a map of route prefixes to app names) whatever the keys: documented in
-    # docs/operating-front-door.md; the guard closes it on the Python proxy.
-    assert facts["healthz"] == 200 and facts["routes"] == 200
+def test_a_trickled_header_is_cut_at_the_header_timeout_in_total(facts: dict) -> None:
+    # One header line every 1.5 s: each gap inside the client timeout, the whole header phase bounded by the shim's
+    # `timeout http-request` (deploy/haproxy_shim.py).
+    status, seconds = facts["trickle"]
+    assert "408" in status and HEADER_TIMEOUT_S - 0.5 <= seconds <= HEADER_TIMEOUT_S + 2, (status, seconds)
+
+
+def test_serve_routes_need_a_key_the_health_probe_does_not(facts: dict) -> None:
+    # HAProxy answers /-/routes itself: the shim's rule in front of it asks for a key; /-/healthz stays open.
+    assert facts["routes"] == 401 and facts["routes_wrong_key"] == 401 and facts["routes_key"] == 200
+    assert " 401 " in facts["routes_bad_bytes"] + " "
+    assert facts["healthz"] == 200

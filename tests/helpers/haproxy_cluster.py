@@ -1,12 +1,13 @@
 """Run as a script (tests/e2e/test_haproxy_served.py starts it in its own process, since a process holds one Ray):
-a local Ray started as `make serve` starts it (deploy/front_door.py: HAProxy ingress, throughput mode, the header
-guard; a 5 s header timeout, API keys), the test app deployed with a key, and the e2e behaviours that must hold
-through the front door, printed as one JSON line of facts for the test to judge."""
+a local Ray started as `make serve` starts it (deploy/front_door.py: HAProxy ingress through our shim, throughput
+mode, the header guard; a 5 s header timeout, API keys), the test app deployed with a key, and the e2e behaviours that
+must hold through the front door, printed as one JSON line of facts for the test to judge."""
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import sys
 import tempfile
@@ -32,7 +33,9 @@ def _environment() -> str:
 
     config = yaml.safe_load(open("configs/test.yaml"))
     config["applications"][0]["args"]["header_timeout_s"] = HEADER_TIMEOUT_S
+    os.environ["RAYSCORE_API_KEYS"] = KEY  # the front door's own checks see the environment's keys
     door = front_door(config, os.environ)
+    door.install()
     os.environ.update(door.env)
     run = tempfile.mkdtemp(prefix="rsh", dir="/tmp")  # short: HAProxy takes socket paths of 97 bytes at most
     os.environ.update(private_haproxy_files(run, _free_port(), _free_port()))
@@ -59,6 +62,23 @@ def _raw(port: int, data: bytes, wait_s: float = 30.0) -> tuple[str, float]:
         except ConnectionResetError:
             return "reset", time.monotonic() - started
     return out.split(b"\r\n")[0].decode("latin-1"), time.monotonic() - started
+
+
+def _trickle(port: int, every_s: float, lines: int = 20) -> tuple[str, float]:
+    """A request whose headers come one line every `every_s` seconds (each gap well inside the header timeout): the
+    status line it gets and the seconds until it came."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n")
+        try:
+            for i in range(lines):
+                if select.select([s], [], [], every_s)[0]:
+                    break
+                s.sendall(b"X-Slow-%d: a\r\n" % i)
+            first = s.recv(4096)
+        except (BrokenPipeError, ConnectionResetError):
+            return "reset", time.monotonic() - started
+    return first.split(b"\r\n")[0].decode("latin-1"), time.monotonic() - started
 
 
 def probe(port: int, app: str) -> dict[str, Any]:
@@ -103,7 +123,12 @@ def probe(port: int, app: str) -> dict[str, Any]:
     facts["big_headers"] = _raw(port, head + b"".join(b"X-H%d: %s\r\n" % (i, b"a" * 8192) for i in range(128))
                                 + b"\r\n")[0]
     facts["idle"] = _raw(port, b"")
+    facts["trickle"] = _trickle(port, 1.5)
     facts["routes"] = httpx.get(url + "/-/routes").status_code
+    facts["routes_wrong_key"] = httpx.get(url + "/-/routes", headers={"Authorization": "Bearer nope"}).status_code
+    facts["routes_key"] = httpx.get(url + "/-/routes", headers=auth).status_code
+    facts["routes_bad_bytes"] = _raw(port, b"GET /-/routes HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer \xff\xfe"
+                                     b"\r\n\r\n")[0]
     facts["healthz"] = httpx.get(url + "/-/healthz").status_code
     return facts
 
@@ -131,11 +156,11 @@ def main() -> None:
         wait_ready("front")
         time.sleep(2)  # HAProxy learns the replica's address
         facts = {"front_door": description, **probe(port, "front")}
+        print("FACTS " + json.dumps(facts), flush=True)  # before shutting down: a crash there loses nothing
     finally:
         threading.Thread(target=serve.shutdown, daemon=True).start()
         time.sleep(5)
         ray.shutdown()
-    print("FACTS " + json.dumps(facts), flush=True)
 
 
 if __name__ == "__main__":
