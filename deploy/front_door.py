@@ -33,6 +33,7 @@ from deploy.config import AppConfig
 from ingress.app import error_shape
 from ingress.edge.auth import ENV_VAR as KEYS_ENV
 from ingress.edge.auth import INVALID, MISSING, resolve_keys
+from ingress.edge.front_door import KEY_HASHES_ENV, key_sha256
 from ingress.errors import Unauthorized
 
 GUARD = "ingress.edge.front_door:middlewares"
@@ -123,6 +124,11 @@ def real_haproxy(environ: Mapping[str, str]) -> str:
     return bundled if os.access(bundled, os.X_OK) else shutil.which("haproxy") or bundled
 
 
+def config_key_hashes(cfg: AppConfig) -> list[str]:
+    """SHA-256 (hex) of the config's API keys: what the front door's processes are given instead of the keys."""
+    return [key_sha256(k) for k in resolve_keys([k.get_secret_value() for k in cfg.api_keys or ()], {})]
+
+
 def haproxy_shim(cfg: AppConfig, environ: Mapping[str, str]) -> tuple[str, str]:
     """The script Ray runs as HAProxy (its path, named by its text, and its text): our patcher, then the real binary.
     Its settings are the config's header timeout, the 401 bodies and the config's keys' SHA-256; the environment's
@@ -131,8 +137,7 @@ def haproxy_shim(cfg: AppConfig, environ: Mapping[str, str]) -> tuple[str, str]:
         return json.dumps(error_shape("/-/routes")(Unauthorized(message)))
 
     settings = {"header_timeout_ms": round(cfg.header_timeout_s * 1000), "keys_env": KEYS_ENV,
-                "key_sha256": [hashlib.sha256(k.encode()).hexdigest() for k in resolve_keys(
-                    [k.get_secret_value() for k in cfg.api_keys or ()], {})],
+                "key_sha256": config_key_hashes(cfg),
                 "missing_body": body(MISSING), "invalid_body": body(INVALID)}
     command = [sys.executable, "-I", "-S", str(SHIM.resolve()), json.dumps(settings, sort_keys=True),
                real_haproxy(environ)]
@@ -148,6 +153,9 @@ def front_door(serve_config: Mapping[str, Any], environ: Mapping[str, str],
     cfg = AppConfig.model_validate(apps[0].get("args") or {})
     files: dict[str, str] = {}
     env = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": GUARD, "RAYSCORE_MAX_HEADER_BYTES": str(cfg.max_header_bytes)}
+    hashes = config_key_hashes(cfg)
+    if hashes:  # the guard in Serve's Python proxy closes `/-/` with the config's keys too (hashes only)
+        env[KEY_HASHES_ENV] = ",".join(hashes)
     why = "RAYSCORE_FRONT_DOOR=python" if environ.get(CHOICE_ENV) == "python" else (
         haproxy_unavailable() if unavailable is False else unavailable)
     if why is None:

@@ -9,11 +9,13 @@ named by RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH returns (deploy/launch.py set
 
 Per request, before Serve sees it: a header value that is not UTF-8 is a 400 naming the header; headers over
 `max_header_bytes` in all are a 431; `/-/` routes other than the health probe need an API key when keys are set
-($RAYSCORE_API_KEYS: the proxy runs in no app, so it sees the environment's keys, not an app's config).
+(the proxy runs in no app: it sees the environment's keys, $RAYSCORE_API_KEYS, and the launcher's SHA-256 digests of
+the app config's keys, $RAYSCORE_PROXY_KEY_SHA256).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 
@@ -50,12 +52,22 @@ def header_violation(headers: list[tuple[bytes, bytes]], limit: int) -> IngressE
     return None
 
 
+# The app config's API keys, as SHA-256 hex digests (deploy/front_door.py sets it): the proxy runs in no app, so the
+# launcher hands it the config's keys, hashed, to keep the keys themselves out of every process's environment.
+KEY_HASHES_ENV = "RAYSCORE_PROXY_KEY_SHA256"
+
+
+def key_sha256(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 class FrontDoorGuard:
     def __init__(self, app: ASGIApp, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
-                 api_keys: tuple[str, ...] = ()) -> None:
+                 api_keys: tuple[str, ...] = (), key_hashes: tuple[str, ...] = ()) -> None:
         self.app = app
         self.max_header_bytes = max_header_bytes
-        self.api_keys = api_keys
+        # Every key as its digest: the check compares digests, each in constant time (check_authorization).
+        self.key_hashes = tuple(dict.fromkeys((*map(key_sha256, api_keys), *key_hashes)))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -67,7 +79,7 @@ class FrontDoorGuard:
         if error is None and path.startswith(SERVE_PREFIX) and path not in OPEN_SERVE_PATHS:
             auth = next((v.decode("latin-1") for k, v in headers if k.lower() == b"authorization"), None)
             try:
-                check_authorization(auth, self.api_keys)
+                check_authorization(_hashed(auth), self.key_hashes)
             except IngressError as exc:
                 error = exc
         if error is None:
@@ -77,9 +89,16 @@ class FrontDoorGuard:
         await answer(scope, receive, send)
 
 
+def _hashed(authorization: str | None) -> str | None:
+    """The Authorization value with its bearer token replaced by the token's digest (so it compares to key_hashes)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return f"{scheme} {key_sha256(token.strip())}" if token.strip() else authorization
+
+
 def middlewares(environ: Mapping[str, str] | None = None) -> list[Middleware]:
     """Serve's HTTP proxy callback (RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=ingress.edge.front_door:middlewares),
     run in each proxy and each direct-ingress replica."""
     env = os.environ if environ is None else environ
     limit = int(env.get(MAX_HEADER_BYTES_ENV, DEFAULT_MAX_HEADER_BYTES))
-    return [Middleware(FrontDoorGuard, max_header_bytes=limit, api_keys=resolve_keys((), env))]
+    hashes = tuple(h for h in env.get(KEY_HASHES_ENV, "").split(",") if h)
+    return [Middleware(FrontDoorGuard, max_header_bytes=limit, api_keys=resolve_keys((), env), key_hashes=hashes)]

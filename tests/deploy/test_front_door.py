@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from deploy.front_door import GUARD, front_door, haproxy_unavailable
+from ingress.edge.front_door import KEY_HASHES_ENV, key_sha256
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
 
@@ -46,6 +47,13 @@ def test_fallback_is_the_python_proxy_with_the_guard() -> None:
     assert door.description == "Ray Serve's Python proxy (HAProxy not used: Ray 2.40 has no HAProxy ingress)"
     chosen = front_door({}, {"RAYSCORE_FRONT_DOOR": "python"}, unavailable=None)
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in chosen.env and "RAYSCORE_FRONT_DOOR=python" in chosen.description
+
+
+def test_the_config_keys_reach_the_python_proxys_guard_as_digests_only() -> None:
+    config = {"applications": [{"args": {"api_keys": ["sk-config"]}}]}
+    env = front_door(config, {}, unavailable="test").env
+    assert env[KEY_HASHES_ENV] == key_sha256("sk-config") and "sk-config" not in "".join(env.values())
+    assert KEY_HASHES_ENV not in front_door({"applications": [{"args": {}}]}, {}, unavailable="test").env
 
 
 def test_the_operators_environment_wins() -> None:

@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from ingress.edge.front_door import FrontDoorGuard, middlewares
+from ingress.edge.front_door import KEY_HASHES_ENV, FrontDoorGuard, key_sha256, middlewares
 
 
 async def serve_like(scope: Scope, receive: Receive, send: Send) -> None:
@@ -51,7 +51,9 @@ def _serve(app) -> Iterator[int]:  # noqa: ANN001
 
 @pytest.fixture(scope="module")
 def guarded() -> Iterator[int]:
-    (mw,) = middlewares({"RAYSCORE_API_KEYS": "k-1", "RAYSCORE_MAX_HEADER_BYTES": "16384"})
+    # k-1 from the environment, k-2 from an app config (the launcher passes its digest only).
+    (mw,) = middlewares({"RAYSCORE_API_KEYS": "k-1", "RAYSCORE_MAX_HEADER_BYTES": "16384",
+                         KEY_HASHES_ENV: key_sha256("k-2")})
     yield from _serve(FrontDoorGuard(serve_like, **mw.kwargs))
 
 
@@ -113,10 +115,12 @@ def test_serve_routes_need_a_key_but_the_probe(guarded: int) -> None:
     assert raw(guarded, routes)[0] == 401
     assert raw(guarded, routes + b"Authorization: Bearer nope\r\n")[0] == 401
     assert raw(guarded, routes + b"Authorization: Bearer k-1\r\n")[0] == 200
+    assert raw(guarded, routes + b"Authorization: Bearer k-2\r\n")[0] == 200
+    assert raw(guarded, routes + b"Authorization: Bearer " + key_sha256("k-2").encode() + b"\r\n")[0] == 401
     assert raw(guarded, b"GET /-/healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n")[0] == 200
     assert raw(guarded, GET)[0] == 200  # the app's own routes: the ingress checks their keys
 
 
 def test_without_keys_serve_routes_stay_open() -> None:
     (mw,) = middlewares({})
-    assert mw.kwargs["api_keys"] == () and mw.kwargs["max_header_bytes"] == 16384
+    assert mw.kwargs["api_keys"] == () and mw.kwargs["key_hashes"] == () and mw.kwargs["max_header_bytes"] == 16384
