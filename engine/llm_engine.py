@@ -24,7 +24,8 @@ from engine.outputs import DEFAULT_WEIGHT_VERSION, FinishReason, RequestOutput, 
 from engine.parallel.driver import TensorParallel
 from engine.parallel.group import TPGroup
 from engine.runner.lora import LoraManager
-from engine.runner.model_runner import ChunkResult, ModelRunner
+from engine.runner.model_runner import ModelRunner
+from engine.runner.step_plan import ChunkResult
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineCounters, EngineStats, token_load
 from rulebook import limits, pooling, rules

@@ -8,18 +8,15 @@ whose context is complete)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import torch
 
 from engine.config import EngineConfig
-from engine.core.scheduler import ScheduledChunk, SchedulerOutput
-from engine.core.sequence import Sequence
+from engine.core.scheduler import SchedulerOutput
 from engine.invariant.mode import StepLimits, set_batch_invariant
-from engine.layers.attention import AttentionBackend, AttentionMetadata, VarlenPagedAttention
+from engine.layers.attention import AttentionBackend, VarlenPagedAttention
 from engine.layers.varlen import varlen_attention_reference
 from engine.models.llama import LlamaForCausalLM
-from engine.outputs import TokenLogprob
 from engine.parallel.driver import TensorParallel
 from engine.runner.attention_choice import choose_attention
 from engine.runner.decode_graphs import DecodeGraphs
@@ -28,83 +25,9 @@ from engine.runner.lora import LoraManager
 from engine.runner.sampler import sample
 from engine.runner.score_chunks import score_chunk_rows
 from engine.runner.scorer import RowRequest, RowScorer
+from engine.runner.step_plan import ChunkResult, ScorePlan, StepPlan, StepPlanner
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ChunkResult:
-    # Scoring rows produced in this chunk, in position order (empty when none).
-    score_logprobs: list[TokenLogprob]
-    score_top: list[list[TokenLogprob] | None]
-    # Per scoring row, the values of the request's token_ids_logprob (None where it asks none).
-    score_token_ids: list[list[TokenLogprob] | None] = field(default_factory=list)
-    # Per scoring row, its target's rank (None where the request does not ask).
-    score_ranks: list[int | None] = field(default_factory=list)
-    # The token sampled from the chunk's last row, when the chunk completes a generating request's context.
-    sampled: int | None = None
-    sampled_logprob: TokenLogprob | None = None
-    sampled_top: list[TokenLogprob] | None = None
-    # A classify request's raw scores at its pooled position, when the chunk completes its prompt.
-    pooled: list[float] | None = None
-    # The values of the request's token_ids_logprob at the sampled position (None: not asked).
-    sampled_token_ids: list[TokenLogprob] | None = None
-
-
-@dataclass
-class ChunkLayout:
-    """Where one scheduled chunk sits in the step."""
-
-    # The chunk's first row in the flat batch of new tokens.
-    offset: int
-    # [len(block_table) x block_size] the KV slot of every position the request's block table covers.
-    slots: torch.Tensor
-    # Input positions whose scoring rows this step produces: score_lo .. score_hi (none when hi < lo).
-    score_lo: int = 0
-    score_hi: int = -1
-    # The chunk ends a generating request's context: its last row samples the next token.
-    samples: bool = False
-
-    @property
-    def num_score_rows(self) -> int:
-        return max(0, self.score_hi - self.score_lo + 1)
-
-
-@dataclass
-class ScorePlan:
-    """The step's scoring rows, chunk by chunk, each chunk's in position order (row p scores token p+1)."""
-
-    # Rows per chunk, in batch order: how the results are handed back.
-    counts: list[int] = field(default_factory=list)
-    # [R] index of each row's hidden state: a row of the forward's output, or (a position cached before this
-    # step) a row appended after them from the hidden-state store.
-    rows: list[int] = field(default_factory=list)
-    targets: list[int] = field(default_factory=list)  # [R] the token each row scores
-    top_k: list[int] = field(default_factory=list)  # [R] how many top tokens each row reports
-    temps: list[float] = field(default_factory=list)  # [R] input_logprob_temperature of each row
-    token_ids: list[list[int] | None] = field(default_factory=list)  # [R] token_ids_logprob of each row
-    ranks: list[bool] = field(default_factory=list)  # [R] whether each row reports its target's rank
-    slots: list[torch.Tensor] = field(default_factory=list)  # per chunk: [rows] KV slot of each scored position
-    cached: list[bool] = field(default_factory=list)  # [R] position was computed before this step
-    # Slots whose stored hidden state is appended after the forward's rows, in that order.
-    stored: list[torch.Tensor] = field(default_factory=list)
-    num_stored: int = 0
-
-
-@dataclass
-class StepPlan:
-    # The transformer's input; None when every chunk of the step is served from the cache (no new token).
-    input_ids: torch.Tensor | None  # [T]
-    positions: torch.Tensor | None  # [T]
-    meta: AttentionMetadata
-    scores: ScorePlan
-    # (row in the flat batch, chunk index) of each row that samples.
-    sample_rows: list[tuple[int, int]]
-    # (row in the flat batch or None, KV slot, chunk index) of each classify request's pooled position in this
-    # step; None: the position was computed before this step, its hidden state is read from the store by slot.
-    pool_rows: list[tuple[int | None, int, int]] = field(default_factory=list)
-    # (LoRA adapter slot, first row, end row) runs of the flat batch (requests on the base model have none).
-    lora_rows: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -135,7 +58,6 @@ class ModelRunner:
         # One [slots, Hkv, D] tensor per layer for K and for V; slot = block * block_size + offset.
         self.kv_caches = [(torch.zeros(shape, dtype=model.dtype, device=device),
                            torch.zeros(shape, dtype=model.dtype, device=device)) for _ in range(model.num_layers)]
-        self._offsets = torch.arange(self.block_size, device=device)
         # The last layer's hidden state (before the row-wise final norm) of every computed position, by KV slot,
         # so a scoring row in a cached block needs only the LM head. hidden/(2 x layers x kv_heads x head_dim)
         # of the KV cache's size: 5% for SmolLM2, 6% for an 8B Llama.
@@ -143,6 +65,7 @@ class ModelRunner:
         self.hidden_store = (torch.zeros(num_slots, model.hidden_size, dtype=model.dtype, device=device)
                              if store else None)
         # After the KV cache and the store: the chunk size on CUDA follows the memory they leave.
+        self.planner = StepPlanner(device, self.block_size, model.dtype, varlen, self.hidden_store is not None)
         self.score_rows = score_chunk_rows(config, int(model.config.vocab_size), device)
         self.scorer = RowScorer(model, config.value_mode, self.score_rows, num_slots, device,
                                 lse_store=store, batch_invariant=self.invariant, parallel=parallel)
@@ -179,99 +102,9 @@ class ModelRunner:
         self.pool(hidden, plan.pool_rows, results)
         return results
 
-    # --- prepare ----------------------------------------------------------------------------------
     def prepare(self, sched: SchedulerOutput) -> StepPlan:
-        """Lay the chunks out flat in batch order; plan which rows score and which sample."""
-        ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        new_slots: list[torch.Tensor] = []
-        meta = AttentionMetadata(slot_mapping=torch.empty(0), starts=[], lens=[], context_slots=[])
-        layouts: list[ChunkLayout] = []
-        lora_rows: list[tuple[int, int, int]] = []
-        offset = 0
-        for chunk in sched.chunks:
-            layout = self._layout(chunk, offset)
-            seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
-            if n > 0:
-                if seq.lora_slot is not None:
-                    if lora_rows and lora_rows[-1][0] == seq.lora_slot and lora_rows[-1][2] == offset:
-                        lora_rows[-1] = (seq.lora_slot, lora_rows[-1][1], offset + n)  # the same adapter goes on
-                    else:
-                        lora_rows.append((seq.lora_slot, offset, offset + n))
-                ids.extend(seq.token_ids[start:start + n])
-                positions.append(torch.arange(start, start + n, device=self.device))
-                new_slots.append(layout.slots[start:start + n])
-                meta.starts.append(start)
-                meta.lens.append(n)
-                meta.context_slots.append(layout.slots[:start + n])
-                meta.block_tables.append(seq.block_table)
-            layouts.append(layout)
-            offset += n
-        if offset > 0:
-            meta.slot_mapping = torch.cat(new_slots)
-            if not isinstance(self.backend, VarlenPagedAttention):  # it reads the block tables instead
-                meta.finalize(self.device, self.model.dtype)
-        scores = self._plan_scores(sched.chunks, layouts, offset)
-        samples = [(lay.offset + c.num_tokens - 1, ci)
-                   for ci, (c, lay) in enumerate(zip(sched.chunks, layouts, strict=True)) if lay.samples]
-        return StepPlan(torch.tensor(ids, device=self.device) if offset else None,
-                        torch.cat(positions) if offset else None, meta, scores, samples,
-                        self._plan_pools(sched.chunks, layouts), lora_rows)
-
-    @staticmethod
-    def _plan_pools(chunks: list[ScheduledChunk], layouts: list[ChunkLayout]) -> list[tuple[int | None, int, int]]:
-        """The pooled row of each classify request whose prompt this step completes (possibly with no new token:
-        a prompt served whole from the prefix cache)."""
-        rows: list[tuple[int | None, int, int]] = []
-        for ci, (chunk, lay) in enumerate(zip(chunks, layouts, strict=True)):
-            seq, pos = chunk.seq, chunk.seq.pool_position
-            if pos is None or chunk.start + chunk.num_tokens != seq.num_prompt_tokens:
-                continue
-            fresh = lay.offset + pos - chunk.start if pos >= chunk.start else None
-            rows.append((fresh, int(lay.slots[pos]), ci))
-        return rows
-
-    def _layout(self, chunk: ScheduledChunk, offset: int) -> ChunkLayout:
-        seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
-        table = torch.tensor(seq.block_table, device=self.device, dtype=torch.long)
-        layout = ChunkLayout(offset, (table[:, None] * self.block_size + self._offsets[None, :]).flatten())
-        if seq.params.scores_input:
-            # Row p scores token p+1; rows already produced (before a preemption) are not redone.
-            layout.score_lo = seq.next_score_position
-            layout.score_hi = min(seq.last_score_position, start + n - 1)
-        layout.samples = seq.generates and n > 0 and start + n == seq.num_tokens
-        return layout
-
-    def _plan_scores(self, chunks: list[ScheduledChunk], layouts: list[ChunkLayout], num_rows: int) -> ScorePlan:
-        """num_rows: rows in the forward's output; rows read from the hidden-state store come after them."""
-        plan = ScorePlan()
-        for chunk, lay in zip(chunks, layouts, strict=True):
-            count = lay.num_score_rows
-            plan.counts.append(count)
-            if count:
-                self._plan_chunk_scores(plan, chunk.seq, chunk.start, lay, num_rows)
-        return plan
-
-    def _plan_chunk_scores(self, plan: ScorePlan, seq: Sequence, start: int, lay: ChunkLayout,
-                           num_rows: int) -> None:
-        lo, hi = lay.score_lo, lay.score_hi
-        # Positions before `start` were computed in an earlier step (or come from the prefix cache): their
-        # hidden states are in the store. They lead, since positions go in order.
-        num_cached = max(0, min(hi + 1, start) - lo)
-        if num_cached:
-            assert self.hidden_store is not None, "cached scoring row without a hidden store"
-            first = num_rows + plan.num_stored
-            plan.rows.extend(range(first, first + num_cached))
-            plan.stored.append(lay.slots[lo:lo + num_cached])
-            plan.num_stored += num_cached
-        plan.rows.extend(range(lay.offset + lo + num_cached - start, lay.offset + hi + 1 - start))
-        plan.targets.extend(seq.token_ids[lo + 1:hi + 2])
-        plan.top_k.extend([seq.params.top_logprobs_num] * lay.num_score_rows)
-        plan.temps.extend([seq.params.score_temperature] * lay.num_score_rows)
-        plan.token_ids.extend(seq.params.row_token_ids(lo, hi))
-        plan.ranks.extend([seq.params.return_input_ranks] * lay.num_score_rows)
-        plan.slots.append(lay.slots[lo:hi + 1])
-        plan.cached.extend([True] * num_cached + [False] * (lay.num_score_rows - num_cached))
+        """Lay the chunks out flat in batch order; plan which rows score and which sample (step_plan.py)."""
+        return self.planner.prepare(sched)
 
     # --- forward ----------------------------------------------------------------------------------
     def run_model(self, plan: StepPlan) -> torch.Tensor:
