@@ -2,7 +2,7 @@
 and token-id gathers in one pass per chunk), and the memory bound that follows.
 
 A chunk's only tensor that grows with the whole vocabulary is its float32 logits (engine/runner/logit_buffer.py):
-filled by the LM head (a non-float32 model's one VOCAB_SLICE of columns at a time), then soft-capped, scaled and
+filled by the LM head (a non-float32 model's one HEAD_SLICE of columns at a time), then soft-capped, scaled and
 turned into log-softmax values in place, and read by the target, top-k, token-id and rank gathers. Anything else
 vocab-wide is made one slice of columns at a time. So scoring's extra memory is at most
 rows x (vocab x BYTES_PER_LOGIT + SLICE_BYTES_PER_ROW), whatever the batch or the prompt length; batch-invariant
@@ -17,9 +17,9 @@ from engine.runner.logit_buffer import VOCAB_SLICE
 
 # The float32 logits, which become the values in place: the one [rows, vocab] tensor of a chunk.
 BYTES_PER_LOGIT = 4
-# Per row, the most one slice of columns holds at once, 12 bytes a column: the LM head's model-dtype slice (<= 4),
-# or a sliced log-sum-exp's shifted slice and its exponentials (8), or a rank's shifted slice, its comparison and
-# that comparison cast for the count (4 + 1 + 4).
+# Per row, the most one slice of columns holds at once, 12 bytes a column of VOCAB_SLICE: the LM head's
+# model-dtype slice (HEAD_SLICE = 4 x VOCAB_SLICE columns of 2 bytes: 8), or a sliced log-sum-exp's slice and its
+# exponentials (8), or a rank's shifted slice, its comparison and that comparison cast for the count (4 + 1 + 4).
 SLICE_BYTES_PER_ROW = 12 * VOCAB_SLICE
 # Share of the memory free after the KV cache (and hidden-state store) that scoring chunks may take.
 FREE_SHARE = 0.25

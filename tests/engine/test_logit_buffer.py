@@ -13,7 +13,7 @@ from transformers import LlamaConfig
 from bench.lib.cpu_peak import peak_bytes
 from engine.models.llama import LlamaForCausalLM
 from engine.runner.logit_buffer import (
-    VOCAB_SLICE,
+    HEAD_SLICE,
     count_at_least,
     float_logits,
     log_softmax_,
@@ -23,7 +23,7 @@ from engine.runner.logit_buffer import (
 from engine.runner.logprobs import score_rows
 from engine.runner.score_chunks import BYTES_PER_LOGIT, score_bytes
 
-VOCAB = 2 * VOCAB_SLICE + 123  # three slices, the last one short
+VOCAB = 2 * HEAD_SLICE + 123  # three slices of the LM head, the last one short
 
 
 def _head(dtype: torch.dtype, cap: float | None, vocab: int = VOCAB, hidden: int = 48) -> LlamaForCausalLM:
