@@ -11,7 +11,7 @@ three token ids, the target's rank), `plain` with top-5 alone.
 
 Peak: torch.profiler's allocation events of the CPU allocator (bench/lib/cpu_peak.py), the most held at once
 beyond what was alive before the chunk. Reported per logit (bytes / (rows x vocab)), as GB per 1,024 rows, against
-engine/runner/score_chunks.score_bytes (the bound the CUDA chunk sizing uses), with both forms' largest |value
+score_bytes of engine/runner/score_chunks.py (the bound the CUDA chunk sizing uses), with both forms' largest |value
 difference| and the seconds of a chunk (median of --reps; on CPU, where a bf16 head is slow either way).
 """
 
