@@ -52,10 +52,14 @@ def test_float_logits_are_the_heads_logits_in_float32(dtype: torch.dtype, cap: f
     torch.testing.assert_close(got, want, rtol=0, atol=0 if dtype == torch.float32 else 1e-6)
 
 
-def test_in_place_log_softmax_has_the_bits_of_f_log_softmax() -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA: the in-place kernel's bits on a GPU"))])
+def test_in_place_log_softmax_has_the_bits_of_f_log_softmax(device: str) -> None:
+    """Every kernel path: rows of a few columns, under and over 1,024 (CUDA's register and shared-memory kernels)
+    and a 128k vocabulary (CUDA's global-memory one)."""
     g = torch.Generator().manual_seed(1)
-    for rows, vocab in ((1, 7), (5, 49_152), (64, 1_001)):
-        x = torch.randn(rows, vocab, generator=g) * 8
+    for rows, vocab in ((1, 7), (64, 1_001), (5, 49_152), (3, 128_256)):
+        x = (torch.randn(rows, vocab, generator=g) * 8).to(device)
         x[0, 3] = float("-inf")
         want = F.log_softmax(x, dim=-1)
         got = x.clone()
