@@ -54,9 +54,10 @@ class EngineConfig:
                                                     "then goes back to it): a short request is not held behind a "
                                                     "long prompt. Default: max_num_batched_tokens / 4.")
     # The LM head + log-softmax of scoring runs over chunks of this many rows: the extra memory of scoring is
-    # bounded by rows x vocab x 12 bytes whatever the prompt length (engine/runner/score_chunks.py).
+    # bounded by about rows x vocab x 4 bytes whatever the prompt length (engine/runner/score_chunks.py).
     score_rows_per_block: int | None = _doc(None, "Rows per LM-head chunk when scoring: bounds scoring's extra "
-                                            "memory to rows x vocab x 12 bytes. Default: 256 on CPU (and in "
+                                            "memory to rows x (vocab x 4 + 49,152) bytes (one float32 copy of "
+                                            "the logits and one slice's temporaries). Default: 256 on CPU (and in "
                                             "batch-invariant mode); on CUDA as many as fit in a quarter of the "
                                             "memory free once the KV cache is allocated, at most 8192.")
     # processed_logprobs is vLLM's name: the engine computes logprobs as in raw_logprobs, but a generated token's are

@@ -7,6 +7,7 @@ is unchanged."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -16,6 +17,7 @@ from engine.parallel import vocab
 from engine.parallel.group import TPGroup
 from engine.parallel.messages import Adapter, Forward, Logits, Message, Score, Setup, Stop, Targets
 from engine.parallel.shard import vocab_range
+from engine.runner.logit_buffer import float_logits
 from engine.runner.logprobs import ScoredRows
 
 
@@ -87,5 +89,5 @@ class TensorParallel:
     def run_score(self, hidden: torch.Tensor, targets: torch.Tensor, ks: list[int], mode: str, rows_per_block: int,
                   temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None,
                   ranks: list[bool] | None = None) -> ScoredRows:
-        return vocab.score_rows(self.shard, self.share(hidden), self.model.compute_logits, targets, ks, mode,
+        return vocab.score_rows(self.shard, self.share(hidden), partial(float_logits, self.model), targets, ks, mode,
                                 rows_per_block, temps, token_ids, ranks)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from engine.parallel.group import TPGroup
+from engine.runner.logit_buffer import count_at_least, owned_float32, sum_exp
 from engine.runner.logprobs import ScoredRows
 
 
@@ -43,7 +44,7 @@ class VocabShard:
     def log_sum_exp(self, local_logits: torch.Tensor) -> torch.Tensor:
         """[R, V_r] float32 -> [R] log-sum-exp over the whole vocabulary."""
         m = self.group.all_reduce(local_logits.amax(dim=1), op="max")
-        s = self.group.all_reduce((local_logits - m[:, None]).exp().sum(dim=1))
+        s = self.group.all_reduce(sum_exp(local_logits, m))  # by column slices: no [R, V_r] temporaries
         return m + s.log()
 
     def top_k(self, local_values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,16 +110,17 @@ def score_rows(shard: VocabShard, hidden: torch.Tensor, local_logits: Callable[[
         hi = min(lo + rows_per_block, hidden.shape[0])
         kmax = max(ks[lo:hi], default=0)
         t = targets[lo:hi]
-        logits = local_logits(hidden[lo:hi]).float()  # [rows, V_r]
+        # [rows, V_r] float32: the block's one vocab-wide buffer (logit_buffer.py), scaled in place.
+        logits = owned_float32(local_logits(hidden[lo:hi]), hidden)
         if temps is not None:  # as logprobs.score_rows: a division, as the client's reference writes it
-            logits = logits / temps[lo:hi, None]
+            logits.div_(temps[lo:hi, None])
         picked, lse, top_v, top_i = score_block(shard, logits, t, kmax, mode)
         lses.append(lse)
         out.values.extend(zip(picked.tolist(), t.tolist(), strict=True))
         want = ranks[lo:hi] if ranks else [False] * (hi - lo)
         if any(want):  # each rank counts its range, summed; on the shifted values, as the target's own was shifted
             shift = lse if mode == "raw_logprobs" else torch.zeros_like(lse)
-            counts = shard.group.all_reduce(((logits - shift[:, None]) >= picked[:, None]).sum(dim=1)).tolist()
+            counts = shard.group.all_reduce(count_at_least(logits, picked, shift)).tolist()
             out.ranks.extend(c if w else None for c, w in zip(counts, want, strict=True))
         else:
             out.ranks.extend([None] * (hi - lo))

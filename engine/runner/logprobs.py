@@ -1,5 +1,6 @@
 """Compact projection: final norm + LM head + log-softmax over only the rows that are needed, in fixed-size
-blocks of rows, so scoring never materializes [L, vocab] logits whatever the prompt length."""
+blocks of rows, so scoring never materializes [L, vocab] logits whatever the prompt length; a block holds one
+vocab-wide tensor, its float32 logits, turned into its values in place (engine/runner/logit_buffer.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.outputs import TokenLogprob
+from engine.runner.logit_buffer import count_at_least, log_softmax_, log_sum_exp, owned_float32
 
 # Batch-invariant log-softmax: rows per call, the last tile padded (one shape per call by construction).
 ROW_TILE = 64
@@ -24,11 +26,12 @@ def row_scores(logits: torch.Tensor, mode: str, invariant: bool = False) -> torc
     return tiled_log_softmax(logits) if invariant else F.log_softmax(logits, dim=-1)
 
 
-def tiled_log_softmax(logits: torch.Tensor) -> torch.Tensor:
+def tiled_log_softmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """log_softmax over the last axis of [R, V], ROW_TILE rows per call (the last tile padded), so a row's bits do
-    not follow R on any device. (torch's CPU kernel is already row-wise; this holds it to that by construction.)"""
+    not follow R on any device. (torch's CPU kernel is already row-wise; this holds it to that by construction.)
+    out: where the values go (may be `logits` itself: each tile is computed whole before it is written back)."""
     n = logits.shape[0]
-    out = torch.empty_like(logits)
+    out = torch.empty_like(logits) if out is None else out
     for lo in range(0, n, ROW_TILE):
         hi = min(lo + ROW_TILE, n)
         tile = logits[lo:hi]
@@ -36,6 +39,18 @@ def tiled_log_softmax(logits: torch.Tensor) -> torch.Tensor:
             tile = torch.cat([tile, tile.new_zeros(ROW_TILE - (hi - lo), tile.shape[1])])
         out[lo:hi] = F.log_softmax(tile, dim=-1)[:hi - lo]
     return out
+
+
+def values_in_place(logits: torch.Tensor, mode: str, invariant: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """[R, V] float32 (scaled) logits -> (the same tensor holding the values in `mode`, [R] their log-sum-exp).
+    torch's float32 log_softmax, as transformers users compute it: `logits - logsumexp` is as accurate but rounds
+    differently (~2.5e-5 on a 49k vocabulary), which adds up over a multi-token continuation. The log-sum-exp
+    kept for the shortcut is the one log_softmax used, so shortcut rows match it too."""
+    if mode != "raw_logprobs":
+        return logits, log_sum_exp(logits)
+    first = logits[:, 0].clone()
+    scores = tiled_log_softmax(logits, out=logits) if invariant else log_softmax_(logits)
+    return scores, first - scores[:, 0]
 
 
 def top_k_rows(values: torch.Tensor, ks: list[int]) -> list[list[TokenLogprob] | None]:
@@ -63,8 +78,9 @@ def score_rows(hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], to
                ks: list[int], mode: str, rows_per_block: int, invariant: bool = False,
                temps: torch.Tensor | None = None, token_ids: list[list[int] | None] | None = None,
                ranks: list[bool] | None = None) -> ScoredRows:
-    """hidden: [R, hidden] pre-norm rows; compute_logits: the model's final norm + LM head over some rows;
-    targets: [R] the token each row scores.
+    """hidden: [R, hidden] pre-norm rows; compute_logits: the model's final norm + LM head over some rows, in a
+    new tensor that score_rows then overwrites (float32, as logit_buffer.float_logits gives it, for the memory bound
+    of score_chunks.py; another dtype costs a float32 copy); targets: [R] the token each row scores.
     temps: [R] float32 temperature per row, or None when every row is at 1 (no extra work): values are then taken
     from logits / T. token_ids: per row, the token ids whose values it also reports (None: none).
     The log-sum-exp is kept by the caller so a later score of the same position needs no projection; it is that
@@ -75,14 +91,12 @@ def score_rows(hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], to
     lses: list[torch.Tensor] = []
     for lo in range(0, hidden.shape[0], rows_per_block):
         hi = min(lo + rows_per_block, hidden.shape[0])
-        logits = compute_logits(hidden[lo:hi]).float()  # [rows, V]: the only vocab-wide buffers
+        # [rows, V] float32: the block's one vocab-wide buffer, from here on overwritten in place.
+        logits = owned_float32(compute_logits(hidden[lo:hi]), hidden)
         if temps is not None:  # a division, as `logits / T` is written by the client's reference
-            logits = logits / temps[lo:hi, None]
-        # torch's float32 log_softmax, as transformers users compute it: `logits - logsumexp` is as accurate but
-        # rounds differently (~2.5e-5 on a 49k vocabulary), which adds up over a multi-token continuation.
-        scores = row_scores(logits, mode, invariant)
-        # The log-sum-exp kept for the shortcut is the one log_softmax used, so shortcut rows match it too.
-        lses.append(logits[:, 0] - scores[:, 0] if mode == "raw_logprobs" else torch.logsumexp(logits, dim=-1))
+            logits.div_(temps[lo:hi, None])
+        scores, lse = values_in_place(logits, mode, invariant)
+        lses.append(lse)
         t = targets[lo:hi]
         picked = scores.gather(1, t[:, None])[:, 0]
         out.values.extend(zip(picked.tolist(), t.tolist(), strict=True))
@@ -109,5 +123,5 @@ def target_ranks(scores: torch.Tensor, picked: torch.Tensor, want: list[bool]) -
     against it). One compare over the block only when some row asks."""
     if not any(want):
         return [None] * len(want)
-    counts = (scores >= picked[:, None]).sum(dim=1).tolist()  # [rows]
+    counts = count_at_least(scores, picked).tolist()  # [rows]
     return [c if w else None for c, w in zip(counts, want, strict=True)]

@@ -14,12 +14,14 @@ hidden-state store, whose rows have the fresh rows' bits in that mode."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
 from engine.models.llama import LlamaForCausalLM
 from engine.outputs import TokenLogprob
 from engine.parallel.driver import TensorParallel
+from engine.runner.logit_buffer import float_logits
 from engine.runner.logprobs import score_rows
 
 # (row, token) pairs per chunk of the shortcut, per row of the full path's block (see RowScorer._fast).
@@ -105,8 +107,9 @@ class RowScorer:
         scaled = any(t != 1.0 for t in temps)  # the default path builds no temperature tensor
         ids = [req.token_ids[i] for i in sel]
         ranks = [req.ranks[i] for i in sel] if req.ranks else []
-        got = self.score_rows(hidden[rows], self.model.compute_logits, req.targets[rows], [req.ks[i] for i in sel],
-                              self.mode, self.rows_per_block, self.invariant,
+        # float_logits: the block's float32 logits with no model-dtype copy (the bound of score_chunks.py).
+        got = self.score_rows(hidden[rows], partial(float_logits, self.model), req.targets[rows],
+                              [req.ks[i] for i in sel], self.mode, self.rows_per_block, self.invariant,
                               torch.tensor(temps, device=hidden.device) if scaled else None,
                               ids if any(i is not None for i in ids) else None, ranks if any(ranks) else None)
         for j, i in enumerate(sel):

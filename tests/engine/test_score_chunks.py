@@ -7,8 +7,16 @@ import pytest
 import torch
 
 from engine.config import CPU_SCORE_ROWS, EngineConfig
+from engine.layers.linear import Linear
+from engine.runner.logit_buffer import project_float32
 from engine.runner.logprobs import score_rows
-from engine.runner.score_chunks import BYTES_PER_LOGIT, MAX_SCORE_ROWS, score_bytes, score_chunk_rows
+from engine.runner.score_chunks import (
+    BYTES_PER_LOGIT,
+    MAX_SCORE_ROWS,
+    SLICE_BYTES_PER_ROW,
+    score_bytes,
+    score_chunk_rows,
+)
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -18,10 +26,12 @@ def test_chunk_rows_from_config_device_and_free_memory() -> None:
     assert score_chunk_rows(EngineConfig(), 1000, CPU) == CPU_SCORE_ROWS
     # On CUDA: a quarter of the free memory over the bytes a row takes, clamped.
     vocab = 128_256
-    free = 40 * 2 ** 30
+    free = 8 * 2 ** 30
     rows = score_chunk_rows(EngineConfig(), vocab, CUDA, free_bytes=free)
-    assert rows == int(free * 0.25) // (vocab * BYTES_PER_LOGIT)
+    assert rows == int(free * 0.25) // (vocab * BYTES_PER_LOGIT + SLICE_BYTES_PER_ROW) == 3_819
     assert score_bytes(rows, vocab) <= free * 0.25 < score_bytes(rows + 1, vocab)
+    # The goal of docs/design/gpu.md: at most 0.6 GB per 1,024 rows at a 128k vocabulary.
+    assert score_bytes(1024, vocab) <= 0.6e9
     assert score_chunk_rows(EngineConfig(), 1000, CUDA, free_bytes=10 ** 13) == MAX_SCORE_ROWS
     assert score_chunk_rows(EngineConfig(), vocab, CUDA, free_bytes=1000) == 1
     # Batch-invariant mode keeps the fixed size its checked shapes assume; the config still wins.
@@ -70,13 +80,15 @@ def _close(a: list[tuple[float, int]], b: list[tuple[float, int]]) -> bool:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: peak memory of a scoring chunk")
 def test_cuda_chunk_memory_within_the_bound() -> None:
-    rows, hidden, vocab, chunk = 2048, 256, 32_000, 256
+    rows, hidden, vocab, chunk = 2048, 256, 128_256, 256
     h = torch.randn(rows, hidden, device=CUDA, dtype=torch.bfloat16)
-    w = torch.randn(vocab, hidden, device=CUDA, dtype=torch.bfloat16)
+    head = Linear(hidden, vocab, bias=False, device=CUDA, dtype=torch.bfloat16)
     targets = torch.randint(0, vocab, (rows,), device=CUDA)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    score_rows(h, lambda x: x @ w.T, targets, [5] * rows, "raw_logprobs", chunk)
+    # The scorer's head (logit_buffer.float_logits) past the final norm: a soft-capped bf16 LM head by slices.
+    score_rows(h, lambda x: project_float32(x, head, 30.0), targets, [5] * rows, "raw_logprobs", chunk,
+               temps=torch.full((rows,), 0.7, device=CUDA), ranks=[True] * rows)
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - base <= score_bytes(chunk, vocab) + 16 * 2 ** 20
