@@ -1,10 +1,16 @@
 """LoRA on the engine's (fused) linears, several adapters in one step: each resident adapter has a slot, each row
 of the step's flat batch the slot of its request's adapter, and a Linear adds `x A^T B^T` (scaling folded into B)
-to the rows of each segment, a run of consecutive rows of one adapter (a request's chunk; neighbours of the same
-adapter merged): two small matmuls per segment on weights stored transposed and contiguous, the delta added to the
-output rows' view (vLLM's punica "segments", in plain torch). Measured on CPU: gather/scatter (index_select,
-index_add_) and addmm_ into a row view both cost several times the matmuls; this form costs about their flops.
-Base rows are never touched.
+to its adapter's rows, on weights stored transposed and contiguous. Base rows are never touched. Two forms, chosen
+once per step by LoraStep.set() (vLLM's punica "segments" and its batched kernels, in plain torch):
+
+- per segment (a run of consecutive rows of one adapter: a request's chunk, neighbours of the same adapter merged):
+  `y[lo:hi].addmm_(x[lo:hi] @ Aᵀ, Bᵀ)`, two matmuls per segment, the delta accumulated into the output rows' view
+  (no [rows, out] temporary). Costs about its flops when segments are long (prefill chunks).
+- grouped (many short segments: decode rows, short prompts): each slot's rows gathered once into a padded
+  [slots, L, in] batch, one bmm into the rank and one out of it, the result index_add_-ed to the rows. A fixed
+  handful of kernels per Linear, however many segments: each small matmul of the per-segment form pays a kernel
+  launch and, with several threads, OpenMP's fork and barrier. Pad rows repeat a real row and their rank
+  activations are zeroed, so they add exact zeros.
 
 A fused Linear (q/k/v, gate/up) holds each of its parts' adapters side by side: Aᵀ stacks the parts' ranks,
 [S, in, parts x R], and Bᵀ is block-diagonal, [S, parts x R, out], so a part's output columns see only its own A.
@@ -23,13 +29,45 @@ from dataclasses import dataclass, field
 
 import torch
 
+# Segments shorter than this many rows per thread, on average, take the grouped form: the per-segment matmuls then
+# cost more in launches and barriers than the gather/scatter of the grouped one (the crossover measured on CPU).
+GROUPED_ROWS_PER_THREAD = 16
+
 
 @dataclass
 class LoraStep:
-    """The step's rows by adapter slot, set by the model runner before each forward (empty: no adapter rows)."""
+    """The step's rows by adapter slot, set once per step by the model runner (set()) and read by every Linear."""
 
     # (slot, first row, end row) of each run of consecutive rows of the flat batch whose requests use that slot
     segments: list[tuple[int, int, int]] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)  # the step's slots, ascending
+    # The grouped form, None for the per-segment one: each slot's rows padded to the longest slot's count with
+    # its last row, flat [n x L]; 1/0 for a real/pad row, [n, L, 1] (None: no pad); the slots as a slice of the
+    # storage when consecutive (no copy), else their indices.
+    rows: torch.Tensor | None = None
+    keep: torch.Tensor | None = None
+    pick: slice | torch.Tensor = field(default_factory=lambda: slice(0))
+    width: int = 0
+
+    def set(self, segments: list[tuple[int, int, int]], dtype: torch.dtype, device: torch.device) -> None:
+        self.segments = segments
+        self.slots = sorted({slot for slot, _, _ in segments})
+        self.rows = self.keep = None
+        n_rows = sum(hi - lo for _, lo, hi in segments)
+        if len(segments) < 2 or n_rows >= GROUPED_ROWS_PER_THREAD * torch.get_num_threads() * len(segments):
+            return
+        by_slot: dict[int, list[int]] = {slot: [] for slot in self.slots}
+        for slot, lo, hi in segments:
+            by_slot[slot].extend(range(lo, hi))
+        self.width = max(len(rows) for rows in by_slot.values())
+        self.rows = torch.tensor([rows + rows[-1:] * (self.width - len(rows)) for rows in by_slot.values()],
+                                 device=device).flatten()
+        if any(len(rows) < self.width for rows in by_slot.values()):
+            self.keep = torch.tensor([[1.0] * len(rows) + [0.0] * (self.width - len(rows))
+                                      for rows in by_slot.values()], dtype=dtype, device=device).unsqueeze(2)
+        first = self.slots[0]
+        consecutive = self.slots == list(range(first, first + len(self.slots)))
+        self.pick = slice(first, first + len(self.slots)) if consecutive else torch.tensor(self.slots, device=device)
 
 
 @dataclass(frozen=True)
@@ -86,11 +124,21 @@ class LoraSlots:
 
     def add(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """y: [T, out] the base output of x: [T, in]; adds each row's adapter delta in place and returns y."""
-        for slot, lo, hi in self.step.segments:
-            if not self.used[slot]:
-                continue
-            y[lo:hi] += (x[lo:hi] @ self.a_t[slot]) @ self.b_t[slot]  # [n, in] -> [n, P x R] -> [n, out]
-        return y
+        step = self.step
+        if step.rows is None:
+            for slot, lo, hi in step.segments:
+                if self.used[slot]:
+                    y[lo:hi].addmm_(x[lo:hi] @ self.a_t[slot], self.b_t[slot])  # [n, in] -> [n, P x R] -> [n, out]
+            return y
+        if not any(self.used[slot] for slot in step.slots):  # no adapter of the step targets this Linear
+            return y
+        pick, n = step.pick, len(step.slots)
+        a_t = self.a_t[pick] if isinstance(pick, slice) else self.a_t.index_select(0, pick)
+        b_t = self.b_t[pick] if isinstance(pick, slice) else self.b_t.index_select(0, pick)
+        xa = torch.bmm(x.index_select(0, step.rows).view(n, step.width, -1), a_t)  # [n, L, P x R]
+        if step.keep is not None:
+            xa.mul_(step.keep)  # pad rows add exact zeros to the row they repeat
+        return y.index_add_(0, step.rows, torch.bmm(xa, b_t).view(n * step.width, -1))
 
 
 def _runs(rows: tuple[tuple[int, int], ...], lo: int, hi: int) -> list[tuple[int, int, int]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.layers import lora as lora_layer
 from engine.llm_engine import RequestError
 from engine.loading.lora import LoraError
 from engine.sampling_params import SamplingParams
@@ -39,7 +40,11 @@ def _close(got: list, want: list[float]) -> float:
     return max(abs(v - w) for (v, _), w in zip(got, want, strict=True))
 
 
-def test_base_and_two_adapters_in_one_step(tiny_models: dict[str, Path], adapters: dict[str, Path]) -> None:
+@pytest.mark.parametrize("grouped", [False, True], ids=["per-segment", "grouped"])
+def test_base_and_two_adapters_in_one_step(tiny_models: dict[str, Path], adapters: dict[str, Path], grouped: bool,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both forms of the adapter arithmetic (engine/layers/lora.py), forced whatever the step's segment lengths.
+    monkeypatch.setattr(lora_layer, "GROUPED_ROWS_PER_THREAD", 10**9 if grouped else 0)
     base = tiny_models["llama"]
     engine = make_engine(base, lora_adapters={"a": str(adapters["a"]), "b": str(adapters["b"])})
     prompts = [rand_ids(n, seed=n) for n in (9, 13, 7, 11, 6)]
