@@ -47,7 +47,7 @@ class Follower:
             meta = AttentionMetadata(msg.slot_mapping.to(dev), msg.starts, msg.lens,
                                      [s.to(dev) for s in msg.context_slots])
             meta.finalize(dev, dtype)
-            self.adapters.step.segments = msg.lora
+            self.adapters.step.set(msg.lora, dtype, dev)  # the grouped form's indices too, never a stale step's
             self.model(msg.input_ids.to(dev), msg.positions.to(dev), self.kv_caches, meta, self.backend)
             self.steps += 1
         elif isinstance(msg, Adapter):

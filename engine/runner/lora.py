@@ -153,7 +153,7 @@ class LoraManager:
 
     def set_step(self, segments: list[tuple[int, int, int]]) -> None:
         """(slot, first row, end row) runs of the step's flat batch (ModelRunner.prepare)."""
-        self.step.set(segments, self.model.dtype, self.device)
+        self.step.set(segments, self.model.dtype, self.slots.device)
 
     # --- slots ----------------------------------------------------------------------------------
     def _load(self, name: str) -> None:
