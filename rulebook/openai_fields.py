@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rulebook.rules import Violation
+from rulebook.rules import Violation, is_neutral
 
 # Declared by the request bodies (ingress/openai/schemas) and honoured. A test holds the bodies' declared fields to
 # these lists plus REFUSED's declared ones.
@@ -127,10 +127,7 @@ def _neutral_text(neutral: tuple[Any, ...]) -> str:
 def refused_value(name: str, value: Any) -> Violation | None:
     """A refused field at a value other than its neutral ones (bool and int kept apart: True is not 1)."""
     rule = REFUSED[name]
-    if any(value == v and type(value) is type(v) or (value is None and v is None) for v in rule.neutral):
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and any(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and value == v for v in rule.neutral):
+    if is_neutral(value, rule.neutral):  # every REFUSED rule lists None among its neutral values
         return None
     return Violation(REFUSED_FIELD.format(name=name, value=value, why=rule.why, neutral=_neutral_text(rule.neutral)),
                      param=name)

@@ -84,13 +84,21 @@ class Sampling(Protocol):
     stop_token_ids: list[int]
 
 
-def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
-    """None, or equal to a neutral value of its own kind (True is not 1: bool and number kept apart)."""
+def is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """A field's value that computes nothing different: None, or equal to one of `neutral` as the same kind of
+    value (a bool only to a bool, True is not 1; a number to any number, 1 is 1.0; anything else to its own type)."""
     if value is None:
         return True
-    if isinstance(value, bool):
-        return any(value is v for v in neutral)
-    return isinstance(value, (int, float)) and any(not isinstance(v, bool) and value == v for v in neutral)
+    for v in neutral:
+        if isinstance(value, bool) or isinstance(v, bool):
+            if type(value) is type(v) and value == v:
+                return True
+        elif isinstance(value, (int, float)) and isinstance(v, (int, float)):
+            if value == v:
+                return True
+        elif type(value) is type(v) and value == v:
+            return True
+    return False
 
 
 def undeclared_field(name: str, value: Any) -> Violation | None:
@@ -101,7 +109,7 @@ def undeclared_field(name: str, value: Any) -> Violation | None:
     neutral = NEUTRAL_ONLY_FIELDS.get(name)
     if neutral is None:
         return Violation(UNKNOWN_FIELD.format(name=name), param=name)
-    if _neutral(value, neutral):
+    if is_neutral(value, neutral):
         return None
     return Violation(NOT_NEUTRAL.format(name=name, value=value, neutral=" or ".join(map(repr, neutral))), param=name)
 
