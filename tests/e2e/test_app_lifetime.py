@@ -20,7 +20,7 @@ from ray.serve.context import _get_global_client
 from ray.serve.schema import ServeDeploySchema
 
 from tests.helpers.reference import hf_scores
-from tests.helpers.serve import app_args, ids_of, score_body, wait_ready, worker_stats
+from tests.helpers.serve import alive, app_args, ids_of, score_body, wait_ready, worker_stats
 
 APP, PREFIX = "lifetime", "/lifetime"
 # 20 items x 2 labels = 40 worker requests: over the default max_batch_items (32), under 64.
@@ -48,14 +48,6 @@ def app_actors() -> dict[str, Any]:
 def pid_of(actor: dict[str, Any]) -> int:
     handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
     return ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=30)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def wait_status(name: str, want: str, timeout: float = 120.0) -> str:

@@ -21,7 +21,7 @@ import httpx
 import yaml
 
 from tests.helpers.reference import hf_scores
-from tests.helpers.serve import ids_of, score_body
+from tests.helpers.serve import alive, ids_of, score_body
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
@@ -39,14 +39,6 @@ def free_ports(n: int) -> list[int]:
     for s in socks:
         s.close()
     return ports
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def actors(dashboard: str) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from typing import Any
@@ -58,6 +59,15 @@ def worker_stats(app: str, samples: int = 24) -> dict[int, WorkerStats]:
         st = handle.stats.remote().result(timeout_s=30)
         seen[st.pid] = st
     return seen
+
+
+def alive(pid: int) -> bool:
+    """Whether a process of this machine is still running (signal 0 only checks)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def sse_events(resp: httpx.Response) -> list[Any]:
