@@ -44,6 +44,8 @@ def head_model(vocab: int, hidden: int, dtype: torch.dtype, cap: float | None) -
                       num_attention_heads=4, num_key_value_heads=4)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
+        # The engine allocates its parameters uninitialized (a checkpoint fills them): set the final norm too.
+        model.model.norm.weight.fill_(1.0)
         model.lm_head.weight.normal_(0, hidden ** -0.5 * 4)
     model.final_logit_softcap = cap
     return model.to(dtype).eval()
