@@ -148,8 +148,10 @@ class AsyncEngine:
         """Pause generation in SGLang's `mode` (engine/core/pause.py); the future holds how many requests were in."""
         return self._command("pause", mode)
 
-    def resume(self) -> concurrent.futures.Future:
-        return self._command("resume")
+    def resume(self, empty_cache: bool = False) -> concurrent.futures.Future:
+        """End a pause; empty_cache: first hand the CUDA allocator's cached blocks back to the driver (SGLang's
+        torch_empty_cache), between steps, so no kernel is running on them."""
+        return self._command("resume", "empty_cache" if empty_cache else None)
 
     def abort_live(self, request_id: str | None) -> concurrent.futures.Future:
         """End a live request (None: every one) with finish_reason abort, its stream answered with what it produced
@@ -233,6 +235,8 @@ class AsyncEngine:
 
     def _control(self, kind: str, arg: str | None = None) -> int:
         if kind == "resume":
+            if arg == "empty_cache":
+                self.engine.release_cached_memory()
             self._pause.end()
             return 0
         if kind == "pause":

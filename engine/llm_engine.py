@@ -267,6 +267,12 @@ class LLMEngine:
         self.kv.reset()
         self.runner.scorer.forget()
 
+    def release_cached_memory(self) -> None:
+        """Hand the CUDA caching allocator's unused blocks back to the driver (after a weight update's transient
+        tensors); CPU has no such cache."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.scheduler.live())
 

@@ -121,7 +121,7 @@ class Backend(Protocol):
 
     async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
         """SGLang's generation controls on every worker replica, through the same registry: "pause" (arg: the
-        mode), "continue", "abort" (arg: the request id, None: all). num_paused_requests: the requests touched."""
+        mode), "continue" (arg: rulebook.sglang.EMPTY_CACHE or None), "abort" (arg: the request id, None: all). num_paused_requests: the requests touched."""
         ...
 
 

@@ -164,6 +164,8 @@ def negative_max_new(value: int) -> Violation | None:
 
 
 PAUSE_MODES = ("abort", "retract", "in_place")
+# /continue_generation's torch_empty_cache, as the control's argument on its way to every worker.
+EMPTY_CACHE = "empty_cache"
 PAUSE_MODE = "The mode {mode!r} is not one of SGLang's pause modes: abort, retract, in_place."
 ABORT_WHAT = "Give the rid of the request to abort, or abort_all: true."
 

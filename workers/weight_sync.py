@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.async_engine import AsyncEngine
 from engine.loading.weight_update import StagedWeights, WeightUpdateError, apply_weights, stage_weights
+from rulebook import sglang as sg
 from workers.deployment_actors import FIND_TIMEOUT_S, deployment_actor
 from workers.weights import WeightAck, WeightOp
 
@@ -89,7 +90,7 @@ class WeightSync:
             elif op.kind == "pause":
                 paused = self.engine.pause(op.arg or "abort").result()
             elif op.kind == "continue":
-                self.engine.resume().result()
+                self.engine.resume(empty_cache=op.arg == sg.EMPTY_CACHE).result()
             elif op.kind == "abort":
                 paused = self.engine.abort_live(op.arg).result()
             return WeightAck(self.replica, op.seq, True, paused=paused)

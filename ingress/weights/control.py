@@ -35,6 +35,16 @@ class PauseBody(BaseModel):
                       "keep it. Requests that arrive while paused wait (at most pause_timeout_s).")
 
 
+class ContinueBody(BaseModel):
+    """SGLang's ContinueGenerationReqInput (any other field: a 422 naming it)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    torch_empty_cache: bool = Field(True, description="On CUDA, each worker hands the blocks PyTorch's allocator "
+                                    "caches back to the driver (torch.cuda.empty_cache) before it resumes; on CPU "
+                                    "there is no such cache and the field changes nothing.")
+
+
 class AbortBody(BaseModel):
     """SGLang's AbortReq (any other field: a 422 naming it)."""
 
@@ -69,8 +79,10 @@ def control_router(backend: Backend) -> APIRouter:
             return _refused(InvalidRequest(broken.message, param=broken.param))
         return _answer(await backend.control("pause", mode), "Generation paused successfully.")
 
-    async def continue_generation() -> Response:
-        return _answer(await backend.control("continue"), "Generation continued successfully.")
+    async def continue_generation(body: ContinueBody | None = Body(None)) -> Response:
+        empty_cache = (body or ContinueBody()).torch_empty_cache
+        return _answer(await backend.control("continue", sg.EMPTY_CACHE if empty_cache else None),
+                       "Generation continued successfully.")
 
     async def abort_request(body: AbortBody) -> Response:
         if (broken := sg.abort_target(body.rid, body.abort_all)) is not None:

@@ -28,10 +28,22 @@ async def test_pause_continue_abort_reach_the_workers() -> None:
         assert (await c.post("/pause_generation", json={"mode": "retract"})).json()["num_paused_requests"] == 2
         assert (await c.post("/pause_generation", json={"mode": "in_place"})).status_code == 200
         assert (await c.post("/continue_generation")).json()["message"] == "Generation continued successfully."
+        assert (await c.post("/continue_generation", json={"torch_empty_cache": False})).status_code == 200
         assert (await c.post("/abort_request", json={"rid": "r1"})).status_code == 200
         assert (await c.post("/abort_request", json={"abort_all": True})).status_code == 200
-    assert backend.controls == [("pause", "abort"), ("pause", "retract"), ("pause", "in_place"), ("continue", None),
-                                ("abort", "r1"), ("abort", None)]
+    assert backend.controls == [("pause", "abort"), ("pause", "retract"), ("pause", "in_place"),
+                                ("continue", "empty_cache"), ("continue", None), ("abort", "r1"), ("abort", None)]
+
+
+@pytest.mark.parametrize("body", [{"torch_empty_cache": True, "flush": True}, {"torch_empty_cache": "yes"}])
+async def test_continue_refuses_what_it_does_not_declare(body: dict) -> None:
+    """SGLang's ContinueGenerationReqInput has one field; another, or a wrong type, is a 422 naming it (never
+    ignored), and nothing reaches the workers."""
+    backend = FakeBackend()
+    async with client(backend) as c:
+        r = await c.post("/continue_generation", json=body)
+    assert r.status_code == 422 and next(iter(body.keys() - {"torch_empty_cache"}), "torch_empty_cache") in r.text
+    assert backend.controls == []
 
 
 @pytest.mark.parametrize(("path", "body", "words"), [
