@@ -89,7 +89,7 @@ class Backend(Protocol):
         """Each in-vocabulary id decoded alone."""
         ...
 
-    async def apply_chat_template(self, messages: list[dict[str, str]]) -> ChatPrompt:
+    async def apply_chat_template(self, messages: list[dict[str, Any]]) -> ChatPrompt:
         """The ids of chat `messages` under the tokenizer's chat template, with the assistant turn opened."""
         ...
 
@@ -121,7 +121,8 @@ class Backend(Protocol):
 
     async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
         """SGLang's generation controls on every worker replica, through the same registry: "pause" (arg: the
-        mode), "continue" (arg: rulebook.sglang.EMPTY_CACHE or None), "abort" (arg: the request id, None: all). num_paused_requests: the requests touched."""
+        mode), "continue" (arg: rulebook.sglang.EMPTY_CACHE or None), "abort" (arg: the request id, None: all).
+        num_paused_requests: the requests touched."""
         ...
 
 
@@ -255,7 +256,7 @@ class HandleBackend:
     async def token_texts(self, ids: list[int]) -> list[str]:
         return await _call(self._worker.token_texts, ids)
 
-    async def apply_chat_template(self, messages: list[dict[str, str]]) -> ChatPrompt:
+    async def apply_chat_template(self, messages: list[dict[str, Any]]) -> ChatPrompt:
         return await _call(self._worker.apply_chat_template, messages)
 
     async def tokenizer_info(self) -> TokenizerInfo:

@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from jinja2 import TemplateError
@@ -214,15 +214,15 @@ class EngineWorker:
         """Each id decoded alone, special tokens included: OpenAI's per-token strings (`logprobs.tokens`)."""
         return await asyncio.to_thread(self.tokenizer.batch_decode, [[i] for i in ids], skip_special_tokens=False)
 
-    async def apply_chat_template(self, messages: list[dict[str, str]]) -> ChatPrompt:
-        """`messages` ({role, content} with text content) under the tokenizer's chat template, ending with the
-        assistant turn's opening (add_generation_prompt), tokenized as `generate` tokenizes a text prompt: the
-        template writes the special tokens itself."""
+    async def apply_chat_template(self, messages: list[dict[str, Any]]) -> ChatPrompt:
+        """`messages` ({role, content} with text content, and name / tool_calls / tool_call_id) under the
+        tokenizer's chat template, ending with the assistant turn's opening (add_generation_prompt), tokenized as
+        `generate` tokenizes a text prompt: the template writes the special tokens itself."""
         if not getattr(self.tokenizer, "chat_template", None):
             return ChatPrompt([], error="The served model's tokenizer has no chat template.")
         # The contents side by side: their length is what the template renders, and a lone surrogate stays one
         # wherever it sits (Python never pairs two surrogates of separate strings).
-        broken = self._untokenizable("".join(str(m.get("content", "")) for m in messages), "message")
+        broken = self._untokenizable("".join(_strings(messages)), "message")
         if broken is not None:
             return ChatPrompt([], error=broken.message)
         try:
@@ -262,3 +262,16 @@ class EngineWorker:
 
 
 EngineWorkerDeployment = serve.deployment(name="EngineWorker")(EngineWorker)
+
+
+def _strings(value: object) -> Iterator[str]:
+    """Every string inside a JSON value (the messages' contents, names, tool calls' arguments): what a template may
+    write."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
+from typing import Any
 
 from fastapi import Request
 from starlette.responses import Response
@@ -51,7 +52,7 @@ Head = tuple[str, int, str]  # id, created, model
 class ChatSettings:
     """A validated chat body's settings with OpenAI's defaults applied (null = default)."""
 
-    messages: list[dict[str, str]]  # as the chat template takes them
+    messages: list[dict[str, Any]]  # as the chat template takes them
     logprobs: int | None  # None: no logprobs; k >= 0: each token's own and k alternatives
     stream: bool
     include_usage: bool
@@ -92,8 +93,9 @@ def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:
                         max_tokens=max_tokens, params=params, vllm=vllm_fields(body, info, params))
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """The messages as chat templates take them: role and text content (text parts joined by newlines)."""
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The messages as chat templates take them: role and text content (text parts joined by newlines), and the
+    name, tool calls and tool call id where the message has them."""
     if not messages:
         raise InvalidRequest(msg.NO_MESSAGES, param="messages")
     out = []
@@ -104,7 +106,8 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
             if not isinstance(part, str) and (part.type != "text" or part.text is None):
                 raise InvalidRequest(msg.MESSAGE_PART.format(i=i, kind=part.type), param="messages")
             texts.append(part if isinstance(part, str) else part.text)
-        out.append({"role": m.role, "content": "\n".join(texts)})
+        extra = {k: v for k in ("name", "tool_calls", "tool_call_id") if (v := getattr(m, k)) is not None}
+        out.append({"role": m.role, "content": "\n".join(texts), **extra})
     return out
 
 

@@ -127,6 +127,29 @@ async def test_chat_model_and_shape_errors():
     error(await chat({"logprobs": 1}), 422, "logprobs")
 
 
+async def test_message_fields_reach_the_template_or_are_refused():
+    """name, tool_calls and tool_call_id go to the chat template as given (as vLLM gives them); a field a message,
+    a content part or stream_options does not declare is a 422 naming it, never dropped."""
+    backend = Backend()
+    call_ = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "Hi", "name": "ann"},
+                {"role": "assistant", "content": None, "tool_calls": [call_]},
+                {"role": "tool", "content": "42", "tool_call_id": "c1"}]
+    await chat({"messages": messages}, backend)  # the fake's template takes no tool turn (a 400): what it was given
+    assert backend.chat_messages == [[{"role": "user", "content": "Hi", "name": "ann"},
+                                      {"role": "assistant", "content": "", "tool_calls": [call_]},
+                                      {"role": "tool", "content": "42", "tool_call_id": "c1"}]]
+    for body, name in [({"messages": [{"role": "user", "content": "x", "reasoning_content": "r"}]},
+                        "reasoning_content"),
+                       ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache": 1}]}]},
+                        "cache"),
+                       ({"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+                        "continuous_usage_stats")]:
+        r = await chat(body, backend)
+        assert r.status_code == 422 and name in r.text
+    assert len(backend.chat_messages) == 1 and backend.requests == []
+
+
 async def test_chat_logprobs_need_raw_logprobs_mode():
     backend = Backend()
     backend.info = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=64, logprobs_mode="raw_logits")

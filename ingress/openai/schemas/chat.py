@@ -26,7 +26,12 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = Field(None, description="Text, or a list of text parts (joined).")
-    name: str | None = None
+    # Given to the chat template as they are, as vLLM and transformers do: what a template writes of them is the
+    # template's (SmolLM2's writes none of them).
+    name: str | None = Field(None, description="The participant's name, given to the chat template.")
+    tool_calls: list[dict[str, Any]] | None = Field(None, description="An assistant turn's tool calls, given to "
+                                                    "the chat template.")
+    tool_call_id: str | None = Field(None, description="The call a tool turn answers, given to the chat template.")
 
 
 class ChatBody(SamplingFields):

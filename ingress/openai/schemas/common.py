@@ -12,9 +12,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 # Fields OpenAI clients send as `null` to mean "the default" are `X | None`; the defaults apply in
-# validation.py. strict / allow_inf_nan / extra="ignore" as in schemas.GenerateBody: ints are
-# taken where a float belongs, NaN is not, and fields this server has no use for are ignored.
-STRICT_BODY = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+# validation.py. The objects inside a body (a message, a content part, stream_options): strict (ints are taken
+# where a float belongs, NaN is not), and a field they do not declare is a 422 naming it, never dropped.
+STRICT_BODY = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 # The completion and chat bodies keep the fields they do not declare (`model_extra`), so that each one is judged by
 # rulebook/openai_fields.py: accepted if it only annotates, else a 400 naming it, never silently dropped.
 BODY = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
