@@ -12,6 +12,7 @@ step's rows by slot travel with its Forward message."""
 from __future__ import annotations
 
 import itertools
+import os
 from collections import Counter, OrderedDict
 
 import torch
@@ -68,6 +69,9 @@ class LoraManager:
         self.slots = AdapterSlots(model, self.max_loras, self.max_rank, device)
         self.step = self.slots.step
         self.paths: dict[str, str] = {}
+        # What each adapter's folder held when it was last read (folder_stamp): a request that finds it changed and
+        # the adapter idle has it read again (retrained in place, then unloaded and loaded under the same name).
+        self.stamps: dict[str, tuple] = {}
         self.resident: OrderedDict[str, tuple[int, int]] = OrderedDict()  # name -> (slot, cache salt); LRU first
         self.pins: Counter[str] = Counter()  # requests holding the adapter's slot (admitted, not finished)
         self.users: Counter[str] = Counter()  # live requests of the adapter, queued or admitted
@@ -84,16 +88,20 @@ class LoraManager:
         free."""
         if name in self.paths:
             raise LoraError(f"The adapter {name!r} is already loaded (POST /v1/unload_lora_adapter first).")
+        stamp = folder_stamp(path)  # before the read: a write during it shows as a change next time
         self._check(read_adapter(name, path, self.max_rank, self.model.dtype))
         self.paths[name] = path
+        self.stamps[name] = stamp
         if self.free:
             self._load(name)
 
     def ensure(self, name: str, path: str) -> None:
         """Serve `name` from `path` (a request that carries its adapter's folder): registered when new, replaced
-        when the name now means another folder (and no live request uses the old one)."""
+        when the name now means another folder, or the folder's files changed since they were read (and no live
+        request uses the old one)."""
         if self.paths.get(name) == path:
-            return
+            if self.users[name] or self.stamps.get(name) == folder_stamp(path):
+                return  # live requests of the adapter keep the weights they started with
         if name in self.paths:
             self.unregister(name)
         self.register(name, path)
@@ -109,6 +117,7 @@ class LoraManager:
             raise LoraError(f"The adapter {name!r} is in use by {self.users[name]} request(s), running or queued.")
         self._evict(name)
         del self.paths[name]
+        self.stamps.pop(name, None)
 
     def join(self, name: str, path: str | None) -> None:
         """A request of `name` arrives (`path`: the adapter's folder, when the request carries it): the adapter is
@@ -157,6 +166,7 @@ class LoraManager:
 
     # --- slots ----------------------------------------------------------------------------------
     def _load(self, name: str) -> None:
+        self.stamps[name] = folder_stamp(self.paths[name])
         adapter = read_adapter(name, self.paths[name], self.max_rank, self.model.dtype)
         self._check(adapter)
         slot = self.free.pop()
@@ -192,3 +202,15 @@ class LoraManager:
                 raise LoraError(f"The adapter {adapter.name!r} does not fit this model: {module} of layer {layer} "
                                 f"has A {tuple(a.shape)} and B {tuple(b.shape)}, expected "
                                 f"({adapter.rank}, {width}) and ({parts[part]}, {adapter.rank}).")
+
+
+def folder_stamp(path: str) -> tuple:
+    """(name, size, mtime_ns, ctime_ns, inode) of each file in an adapter's folder: changes when a file is
+    rewritten (a few stat calls: cheap enough for every request that names the adapter). () when the folder cannot
+    be read."""
+    try:
+        with os.scandir(path) as entries:
+            return tuple(sorted((e.name, (st := e.stat()).st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+                                for e in entries if e.is_file()))
+    except OSError:
+        return ()

@@ -5,6 +5,7 @@ adapters evicted and reloaded under max_loras stay exact; refusals name the modu
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,27 @@ def test_every_family_with_an_adapter(family: str, tmp_path: Path) -> None:
     got = engine.generate([ids, ids], [_with("ad"), _with(None)], check=True)
     assert _close(got[0].input_token_logprobs, peft_scores(base, adapter, ids, 0)) <= ATOL
     assert _close(got[1].input_token_logprobs, hf_scores(base, ids, 0)) <= ATOL
+
+
+def test_a_folder_rewritten_in_place_is_read_again(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """An adapter retrained into the same folder (then unloaded and loaded again under its name, as an RL loop
+    does): the next request that carries the folder, with no other request of the adapter live, is scored with the
+    new weights, not the resident old ones, and no block cached under the old weights is hit."""
+    base = tiny_models["llama"]
+    folder = tmp_path / "policy"
+    build_adapter(folder, base, rank=4, seed=11)
+    engine = make_engine(base, enable_prefix_cache=True)
+    ids = rand_ids(12, seed=12)
+
+    def served() -> object:
+        p = _with("policy")
+        p.adapter_path = str(folder)
+        return engine.generate([ids], p, check=True)[0]
+
+    assert _close(served().input_token_logprobs, peft_scores(base, folder, ids, 0)) <= ATOL
+    build_adapter(folder, base, rank=4, seed=12)  # new weights, same folder and name
+    reference = shutil.copytree(folder, tmp_path / "retrained")  # peft_scores keeps a model per folder
+    out = served()
+    assert out.cached_tokens == 0
+    assert _close(out.input_token_logprobs, peft_scores(base, reference, ids, 0)) <= ATOL
+    assert served().cached_tokens > 0  # unchanged since: resident, and its own blocks are hit
