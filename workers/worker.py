@@ -220,9 +220,10 @@ class EngineWorker:
         `generate` tokenizes a text prompt: the template writes the special tokens itself."""
         if not getattr(self.tokenizer, "chat_template", None):
             return ChatPrompt([], error="The served model's tokenizer has no chat template.")
-        # The contents side by side: their length is what the template renders, and a lone surrogate stays one
+        # The client's strings side by side: their length is what the template renders, and a lone surrogate stays one
         # wherever it sits (Python never pairs two surrogates of separate strings).
-        broken = self._untokenizable("".join(_strings(messages)), "message")
+        broken = self._untokenizable("".join(_strings([{k: v for k, v in m.items() if k != "role"}
+                                                       for m in messages])), "message")
         if broken is not None:
             return ChatPrompt([], error=broken.message)
         try:
@@ -265,8 +266,8 @@ EngineWorkerDeployment = serve.deployment(name="EngineWorker")(EngineWorker)
 
 
 def _strings(value: object) -> Iterator[str]:
-    """Every string inside a JSON value (the messages' contents, names, tool calls' arguments): what a template may
-    write."""
+    """Every string inside a JSON value (the messages' contents, names, tool calls' arguments, without the roles):
+    what a template may write of the client's text."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
