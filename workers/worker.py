@@ -222,8 +222,8 @@ class EngineWorker:
             return ChatPrompt([], error="The served model's tokenizer has no chat template.")
         # The client's strings side by side: their length is what the template renders, and a lone surrogate stays one
         # wherever it sits (Python never pairs two surrogates of separate strings).
-        broken = self._untokenizable("".join(_strings([{k: v for k, v in m.items() if k != "role"}
-                                                       for m in messages])), "message")
+        client_text = "".join(s for m in messages for k, v in m.items() if k != "role" for s in _strings(v))
+        broken = self._untokenizable(client_text, "message")
         if broken is not None:
             return ChatPrompt([], error=broken.message)
         try:
