@@ -27,6 +27,7 @@ from engine.outputs import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.stats import ServingStats
 from rulebook import rules
+from rulebook.sglang import EMPTY_CACHE
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class AsyncEngine:
     def resume(self, empty_cache: bool = False) -> concurrent.futures.Future:
         """End a pause; empty_cache: first hand the CUDA allocator's cached blocks back to the driver (SGLang's
         torch_empty_cache), between steps, so no kernel is running on them."""
-        return self._command("resume", "empty_cache" if empty_cache else None)
+        return self._command("resume", EMPTY_CACHE if empty_cache else None)
 
     def abort_live(self, request_id: str | None) -> concurrent.futures.Future:
         """End a live request (None: every one) with finish_reason abort, its stream answered with what it produced
@@ -235,7 +236,7 @@ class AsyncEngine:
 
     def _control(self, kind: str, arg: str | None = None) -> int:
         if kind == "resume":
-            if arg == "empty_cache":
+            if arg == EMPTY_CACHE:
                 self.engine.release_cached_memory()
             self._pause.end()
             return 0
