@@ -23,9 +23,9 @@ from engine.config import EngineConfig
 from engine.core.admission import OVERLOADED, AdmissionQueue
 from engine.core.pause import Pause
 from engine.llm_engine import LLMEngine, RequestError
-from engine.outputs import FinishReason, RequestOutput
-from engine.sampling_params import SamplingParams
 from engine.stats import ServingStats
+from protocol.outputs import FinishReason, RequestOutput
+from protocol.sampling import SamplingParams
 from rulebook import rules
 from rulebook.sglang import EMPTY_CACHE
 

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give exactly one of --text or --ids")
 
     from engine.llm_engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    from protocol.sampling import SamplingParams
 
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_bytes=256 * 2**20))
     ids = args.ids if args.ids is not None else engine.tokenizer.encode(args.text, add_special_tokens=False)

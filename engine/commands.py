@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine

@@ -20,14 +20,14 @@ from engine.loading.loader import eos_token_ids, load_model, load_tokenizer, res
 from engine.loading.lora import LoraError
 from engine.loading.sharded import load_sharded
 from engine.output_state import OutputState
-from engine.outputs import DEFAULT_WEIGHT_VERSION, FinishReason, RequestOutput, merge_outputs
 from engine.parallel.driver import TensorParallel
 from engine.parallel.group import TPGroup
 from engine.runner.lora import LoraManager
 from engine.runner.model_runner import ModelRunner
 from engine.runner.step_plan import ChunkResult
-from engine.sampling_params import SamplingParams
 from engine.stats import EngineCounters, EngineStats, token_load
+from protocol.outputs import DEFAULT_WEIGHT_VERSION, FinishReason, RequestOutput, merge_outputs
+from protocol.sampling import SamplingParams
 from rulebook import limits, pooling, rules
 
 
@@ -95,7 +95,7 @@ class LLMEngine:
         if params.classify:
             seq.pool_position = pooling.pooled_position(prompt_token_ids, self.hf_config.get_text_config().pad_token_id)
         if params.adapter is not None:  # its slot is taken when the scheduler admits it (adapter_queue.py)
-            self._join_adapter(params.adapter, params.adapter_path)
+            self._join_adapter(params.adapter.name, params.adapter.path)
         self.seqs[request_id] = seq
         self.output_states[request_id] = OutputState(params)
         gen = torch.Generator(device=self.device)
@@ -112,7 +112,7 @@ class LLMEngine:
                   or rules.context_too_long(len(ids), p.max_tokens, self.max_model_len)
                   or rules.logprobs_disabled(p.return_logprob, self.config.logprobs_mode)
                   or (rules.start_past_end(p.logprob_start_len, len(ids)) if p.scores_input else None)
-                  or (rules.token_id_rows(p.token_ids_logprob, p.logprob_start_len, len(ids)) if p.scores_input
+                  or (rules.token_id_rows(p.token_id_rows, p.logprob_start_len, len(ids)) if p.scores_input
                       else None)
                   or (None if p.classify else rules.nothing_to_compute(p.max_tokens, p.scores_input)))
         if broken:
@@ -230,7 +230,7 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence) -> None:
         if seq.params.adapter is not None:
-            self.lora.leave(seq.params.adapter, pinned=seq.lora_slot is not None)
+            self.lora.leave(seq.params.adapter.name, pinned=seq.lora_slot is not None)
             seq.lora_slot = None
         self.scheduler.finish(seq)
         self.seqs.pop(seq.request_id, None)

@@ -5,8 +5,8 @@ runner never see it."""
 from __future__ import annotations
 
 from engine.core.sequence import Sequence
-from engine.outputs import RequestOutput, TokenLogprob
-from engine.sampling_params import SamplingParams
+from protocol.outputs import RequestOutput, TokenLogprob
+from protocol.sampling import SamplingParams
 
 
 class OutputState:
@@ -18,7 +18,7 @@ class OutputState:
         self.input_top_logprobs: list[list[TokenLogprob]] | None = (
             [] if params.scores_input and params.top_logprobs_num > 0 else None)
         self.input_token_ids_logprobs: list[list[TokenLogprob]] | None = (
-            [] if params.scores_input and params.token_ids_logprob is not None else None)
+            [] if params.scores_input and params.asks_token_ids else None)
         self.input_token_ranks: list[int] | None = [] if params.scores_input and params.return_input_ranks else None
         self.output_token_logprobs: list[TokenLogprob] | None = [] if want else None
         self.output_top_logprobs: list[list[TokenLogprob]] | None = (

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ingress.coalesce import Coalescer
 from ingress.errors import Overloaded, WorkerLost, worker_failed
-from workers.protocol import (
+from protocol import (
     DEFAULT_WEIGHT_VERSION,
     ChatPrompt,
     GenerateChunk,
@@ -174,7 +174,7 @@ class HandleBackend:
             # the first read.
             handle = self._stream_worker
             if req.params.adapter is not None:
-                handle = handle.options(multiplexed_model_id=req.params.adapter)
+                handle = handle.options(multiplexed_model_id=req.params.adapter.name)
             response = handle.generate.remote(req)
             async for chunk in response:
                 finished = chunk.finished
@@ -368,7 +368,7 @@ def _multiplexed(worker: DeploymentHandle, reqs: list[GenerateRequest]) -> Deplo
     """The handle for a call whose requests share one LoRA adapter: Serve's model multiplexing routes it to a replica
     holding that adapter (a call mixing adapters, as coalescing may make, goes anywhere: every replica loads on
     demand)."""
-    names = {r.params.adapter for r in reqs}
+    names = {r.params.adapter and r.params.adapter.name for r in reqs}
     if len(names) == 1 and (name := names.pop()) is not None:
         return worker.options(multiplexed_model_id=name)
     return worker

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from workers.protocol import GenerateChunk, GenerateRequest
+from protocol import GenerateChunk, GenerateRequest
 
 Call = Callable[[list[GenerateRequest]], Awaitable[list[GenerateChunk]]]
 

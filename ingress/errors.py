@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse
 
+from protocol import FinishReason
 from rulebook.rules import Violation
-from workers.protocol import FinishReason
 
 # nginx's "client closed request": written to a socket nobody reads, but it keeps access logs honest.
 CLIENT_CLOSED_REQUEST = 499

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ingress.errors import InvalidRequest
-from workers.protocol import GenerateRequest, ModelInfo
+from protocol import GenerateRequest, ModelInfo
 
 NEVER_FITS = ("The request makes {n} worker requests of {tokens} prompt tokens (counting the prefixes they share "
               "once); a worker queues at most {max_requests} requests (config field `max_queued_requests`) and "

@@ -51,7 +51,7 @@ from ingress.limits import check_fan_out, check_limits
 from ingress.retry import RetryBudget, RetryCounter
 from ingress.settings import IngressSettings
 from ingress.sse import SSEResponse
-from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, error_chunk, merge_outputs
+from protocol import AdapterRef, GenerateChunk, GenerateRequest, ModelInfo, error_chunk, merge_outputs
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,7 +91,7 @@ class Batch:
         if self.adapter is None:
             return requests
         name, path = self.adapter
-        return [dataclasses.replace(r, params=dataclasses.replace(r.params, adapter=name, adapter_path=path))
+        return [dataclasses.replace(r, params=dataclasses.replace(r.params, adapter=AdapterRef(name, path)))
                 for r in requests]
 
     @property

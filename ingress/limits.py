@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from ingress.errors import enforce
 from ingress.settings import IngressSettings
+from protocol import GenerateRequest, ModelInfo, SamplingParams
 from rulebook import limits
-from workers.protocol import GenerateRequest, ModelInfo
 
 
 def logprob_entries(req: GenerateRequest) -> int:
@@ -53,15 +53,15 @@ def check_fields(req: GenerateRequest, settings: IngressSettings) -> None:
               ("longest stop string", max(map(len, p.stop), default=0), settings.max_stop_string_chars,
                "max_stop_string_chars"),
               ("number of stop_token_ids", len(p.stop_token_ids), settings.max_stop_token_ids, "max_stop_token_ids"),
-              ("number of token_ids_logprob", _token_ids_width(p.token_ids_logprob), settings.max_token_ids_logprob,
+              ("number of token_ids_logprob", _token_ids_width(p), settings.max_token_ids_logprob,
                "max_token_ids_logprob"),
               ("request id length", len(req.rid), settings.max_rid_chars, "max_rid_chars"))
     for what, n, limit, name in bounds:
         enforce(limits.field_over(what, n, limit, name))
 
 
-def _token_ids_width(ids: list[int] | list[list[int]] | None) -> int:
-    """Token ids asked at one position: the list's length, or the longest row's with per-row lists."""
-    if not ids:
-        return 0
-    return max(len(row) for row in ids) if isinstance(ids[0], list) else len(ids)  # type: ignore[arg-type]
+def _token_ids_width(p: SamplingParams) -> int:
+    """Token ids asked at one position: the flat list's length, or the longest row's with per-row lists."""
+    if p.token_id_rows:
+        return max(len(row) for row in p.token_id_rows)
+    return len(p.token_ids_logprob or ())

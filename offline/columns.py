@@ -8,8 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import compact
 from offline.dataset_scorer import RowInput, RowResult
+from protocol import compact
 
 ID_COLUMN = "id"
 
@@ -87,7 +87,7 @@ def _top_rows(rows: list[list[tuple[float, int]]] | None) -> list | None:
 def result_columns(results: list[RowResult], top_k: int, pair: bool, flat: bool = False,
                    classify: bool = False, token_ids: bool = False) -> dict[str, pa.Array]:
     """The columns the scorer adds; a row in error has nulls there and its message in `error`. flat: token_logprobs
-    and top_logprobs in the compact encoding (engine/compact.py's columns, as the HTTP answers name them). A
+    and top_logprobs in the compact encoding (protocol/compact.py's columns, as the HTTP answers name them). A
     classifier's: num_tokens, `scores` (its raw float32 scores per label) and error."""
     if classify:
         return {"num_tokens": pa.array([r.num_tokens for r in results], pa.int64()),

@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass
 
 from engine.llm_engine import LLMEngine, RequestError
-from engine.outputs import RequestOutput, merge_outputs
-from engine.sampling_params import SamplingParams
 from offline.plan import RowError, RowPlan, Windows, plan_ids, plan_pair, plan_text
+from protocol.outputs import RequestOutput, merge_outputs
+from protocol.sampling import PoolingParams, SamplingParams, split_token_ids
 from rulebook import rules
 
 # top_logprobs entries: (logprob, token_id), most likely first.
@@ -137,7 +137,7 @@ class DatasetScorer:
                 else:
                     ids = self.engine.tokenizer.encode(_text(row.text, "text"), add_special_tokens=True)
                 rid = f"b{self._batches}-r{r}"
-                self.engine.add_request(rid, ids, SamplingParams(max_tokens=0, classify=True))
+                self.engine.add_request(rid, ids, SamplingParams(max_tokens=0, pooling=PoolingParams()))
                 rids[rid] = (r, 0)
                 results[r].num_tokens = len(ids)
             except (RowError, RequestError) as e:
@@ -157,9 +157,10 @@ class DatasetScorer:
         try:
             for k, piece in enumerate(plan.pieces):
                 rid = f"b{self._batches}-r{r}-p{k}"
+                flat_ids, row_ids = split_token_ids(per_piece[k])
                 self.engine.add_request(rid, piece.ids, SamplingParams(
                     max_tokens=0, return_logprob=True, logprob_start_len=piece.start, top_logprobs_num=k_top,
-                    input_logprob_temperature=self.temperature, token_ids_logprob=per_piece[k]))
+                    input_logprob_temperature=self.temperature, token_ids_logprob=flat_ids, token_id_rows=row_ids))
                 added.append(rid)
                 rids[rid] = (r, k)
         except RequestError:

@@ -52,7 +52,7 @@ class BatchJob:
     min_actors: int = 1
     max_actors: int = 1
     input_format: str | None = None  # json, parquet or csv; default: from the extension
-    flat_logprobs: bool = False  # token_logprobs and top_logprobs in the compact encoding (engine/compact.py)
+    flat_logprobs: bool = False  # token_logprobs and top_logprobs in the compact encoding (protocol/compact.py)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_actors <= self.max_actors:

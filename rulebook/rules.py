@@ -1,6 +1,6 @@
 """The request rulebook: every rule a request's parameters must keep, with its one message, written once.
 
-Pure (no torch, no Ray, no web framework, nothing of ours at run time), so both sides call it: the ingress
+Pure (no torch, no Ray, no web framework; of ours only the protocol floor), so both sides call it: the ingress
 before any work is queued (ingress/generate/validation.py, ingress/openai/validation.py, its other routes), and
 the engine as its last line of defence (LLMEngine.add_request), with the same texts. Each check returns the broken
 rule as a Violation, or None; the caller raises it as its own error type (the ingress's InvalidRequest,
@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from protocol.sampling import MIN_TEMPERATURE
 
 # Torch generators take seeds in [0, 2**64); the bound also stops a 10**30 seed before it reaches a tensor.
 MAX_SEED = 2**63 - 1
@@ -69,7 +71,7 @@ class Violation:
 
 
 class Sampling(Protocol):
-    """What the sampling rules read of a request (engine/sampling_params.py's SamplingParams)."""
+    """What the sampling rules read of a request (protocol/sampling.py's SamplingParams)."""
 
     temperature: float
     top_p: float
@@ -78,7 +80,8 @@ class Sampling(Protocol):
     seed: int | None
     top_logprobs_num: int
     input_logprob_temperature: float | None
-    token_ids_logprob: list[int] | list[list[int]] | None
+    token_ids_logprob: list[int] | None
+    token_id_rows: list[list[int]] | None
     logprob_start_len: int
     stop: list[str]
     stop_token_ids: list[int]
@@ -207,7 +210,6 @@ def negative_top_logprobs(k: int) -> Violation | None:
 # Below this, a sampling temperature is greedy (vLLM's and SGLang's threshold) and a scoring temperature is refused:
 # logits / T in float32 overflows to inf for a subnormal or underflowed T (1e-40 is subnormal, 1e-300 rounds to 0),
 # and the softmax of inf is NaN, which the sampler would turn into token id 0.
-MIN_TEMPERATURE = 1e-5
 SCORING_TEMPERATURE = ("The input_logprob_temperature {value} must be finite and at least " + repr(MIN_TEMPERATURE)
                        + " (below, logits / T overflows float32).")
 NEEDS_INPUT_SCORING = ("The {name} applies to input-token scoring rows only: it requires logprob_start_len >= 0 "
@@ -276,10 +278,13 @@ class SamplingRule:
     ok: Callable[[Any, int], bool]
     text: str
     each: bool = False
+    # The request field the client named, when the canonical request splits it (token_ids_logprob's two shapes).
+    param: str | None = None
 
 
 # In the order they are checked (first failure wins). Upper bounds on integers matter as much as lower
 # ones: a 10**30 that reached a torch call would be a 5xx, and nothing a client sends may be.
+TOKEN_ID_RANGE = "The token_ids_logprob entry {value} is out of range for the vocabulary size {vocab}."
 SAMPLING_RULES: tuple[SamplingRule, ...] = (
     # Any T below MIN_TEMPERATURE is greedy (SamplingParams.greedy); an infinite one has no distribution.
     SamplingRule("temperature", lambda x, v: 0 <= x < float("inf"),
@@ -295,8 +300,8 @@ SAMPLING_RULES: tuple[SamplingRule, ...] = (
     # Scoring rows are log_softmax(logits / T): a tiny T or an infinite one has no float32 distribution (NaN rows),
     # so the rule is [MIN_TEMPERATURE, inf); None = not asked (1.0).
     SamplingRule("input_logprob_temperature", lambda x, v: input_logprob_temperature(x) is None, SCORING_TEMPERATURE),
-    SamplingRule("token_ids_logprob", lambda x, v: 0 <= x < v,
-                 "The token_ids_logprob entry {value} is out of range for the vocabulary size {vocab}.", each=True),
+    SamplingRule("token_ids_logprob", lambda x, v: 0 <= x < v, TOKEN_ID_RANGE, each=True),
+    SamplingRule("token_id_rows", lambda x, v: 0 <= x < v, TOKEN_ID_RANGE, each=True, param="token_ids_logprob"),
     # An empty stop string would match at every position and end generation at once.
     SamplingRule("stop", lambda x, v: x != "", "The stop strings must not be empty.", each=True),
     SamplingRule("stop_token_ids", lambda x, v: 0 <= x < v,
@@ -310,5 +315,5 @@ def sampling_violation(params: Sampling, vocab_size: int) -> Violation | None:
         value = getattr(params, rule.field)
         for item in flat(value or ()) if rule.each else (value,):
             if not rule.ok(item, vocab_size):
-                return Violation(rule.text.format(value=item, vocab=vocab_size), param=rule.field)
+                return Violation(rule.text.format(value=item, vocab=vocab_size), param=rule.param or rule.field)
     return None

@@ -5,9 +5,9 @@ Requests need no conversion: a GenerateRequest carries the engine's own Sampling
 
 from __future__ import annotations
 
-from engine.outputs import RequestOutput, TokenLogprob
-from engine.sampling_params import SamplingParams
-from workers.protocol import GenerateChunk
+from protocol import GenerateChunk
+from protocol.outputs import RequestOutput, TokenLogprob
+from protocol.sampling import SamplingParams
 
 
 def _rows(rows: list[TokenLogprob] | None) -> list[list] | None:

@@ -15,9 +15,9 @@ from typing import Any
 
 from ray.util.metrics import Counter, Gauge, Histogram
 
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats, ServingStats, StepRecord
+from protocol.outputs import RequestOutput
+from protocol.sampling import SamplingParams
 from workers.autoscaling import ONGOING_METRIC, TOKEN_LOAD_METRIC
 
 log = logging.getLogger("ray.serve")

@@ -9,7 +9,7 @@ Text prompts (not tokenized here: the ingress has no tokenizer) and the other me
 `model_info`) take Serve's usual power-of-two choices.
 
 Serve pickles this module by value into each handle owner, so it imports neither torch nor the engine's
-machinery (only the pure message modules that protocol.py re-exports).
+machinery (only the carriers of protocol/, which imports nothing of ours).
 The selection logic (`block_hashes`, `PrefixIndex`) is pure and tested without Ray.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from workers.protocol import GenerateRequest
+from protocol import GenerateRequest
 
 log = logging.getLogger("ray.serve")
 
@@ -136,7 +136,7 @@ class PrefixAwareRouter(RequestRouter):
             return []
         if not isinstance(req, GenerateRequest) or not req.input_ids:
             return []
-        return block_hashes(req.input_ids, self._block_size, req.params.adapter)
+        return block_hashes(req.input_ids, self._block_size, req.params.adapter and req.params.adapter.name)
 
     async def _queue_lens(self, replicas: list[RunningReplica]) -> dict[ReplicaID, int]:
         """Queue length of each replica that can take a request: from Serve's cache where fresh, else probed.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from engine.async_engine import AsyncEngine
-from workers.protocol import WorkerStats
+from protocol import WorkerStats
 
 
 def process_memory() -> tuple[int, int]:

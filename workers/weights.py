@@ -19,7 +19,7 @@ import asyncio
 import time
 from dataclasses import dataclass, replace
 
-from workers.protocol import DEFAULT_WEIGHT_VERSION, WeightUpdate, WeightUpdateResult
+from protocol import DEFAULT_WEIGHT_VERSION, WeightUpdate, WeightUpdateResult
 
 # A replica's watch returns empty after WATCH_S; one not seen for LEASE_S is gone (crashed, scaled down).
 WATCH_S = 2.0

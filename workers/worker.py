@@ -17,12 +17,7 @@ from ray import serve
 from engine.async_engine import AsyncEngine
 from engine.config import RUNTIME_FIELDS, EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
-from rulebook import rules
-from workers.adapter_registry import adapter_registry_actor
-from workers.convert import to_chunk
-from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats
-from workers.protocol import (
+from protocol import (
     ChatPrompt,
     GenerateChunk,
     GenerateRequest,
@@ -33,6 +28,11 @@ from workers.protocol import (
     merge_outputs,
     until_finished,
 )
+from protocol.outputs import RequestOutput
+from rulebook import rules
+from workers.adapter_registry import adapter_registry_actor
+from workers.convert import to_chunk
+from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats
 from workers.ranks import RankGroup
 from workers.replica import replica_label
 from workers.stats import worker_stats

@@ -85,7 +85,7 @@ def bf16_section(run: Any) -> dict[str, Any]:
     from bench.lib.mfu import forward_flops, peak_matmul_flops
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    from protocol.sampling import SamplingParams
 
     dev = run.device
     shape = {**LLAMA3_8B, **SMOKE} if run.smoke else dict(LLAMA3_8B)

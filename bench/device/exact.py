@@ -78,7 +78,7 @@ def row_diffs(out: Any, lp: torch.Tensor, ids: list[int]) -> tuple[float, float,
 
 
 def score_case(engine: Any, prompts: list[list[int]], lps: list[torch.Tensor]) -> dict[str, Any]:
-    from engine.sampling_params import SamplingParams
+    from protocol.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0, top_logprobs_num=TOP_K)
     outs = engine.generate(prompts, params)
@@ -94,7 +94,7 @@ TEACHER_T, TEACHER_IDS = 0.7, [2, 3, 4]
 def teacher_case(engine: Any, prompts: list[list[int]], lps: list[torch.Tensor]) -> dict[str, Any]:
     """A distillation teacher's request (input_logprob_temperature 0.7, top-5, token_ids_logprob) against
     log_softmax(logits / T): the rows, the top-k values and the asked ids' values; run twice (cold, then warm)."""
-    from engine.sampling_params import SamplingParams
+    from protocol.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0, top_logprobs_num=TOP_K,
                             input_logprob_temperature=TEACHER_T, token_ids_logprob=TEACHER_IDS)
@@ -114,7 +114,7 @@ def teacher_case(engine: Any, prompts: list[list[int]], lps: list[torch.Tensor])
 
 @torch.inference_mode()
 def greedy_case(engine: Any, hf: Any, prompts: list[list[int]], device: torch.device) -> dict[str, Any]:
-    from engine.sampling_params import SamplingParams
+    from protocol.sampling import SamplingParams
 
     outs = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
     # No EOS: the engine ignores it, so transformers must run the full 32 tokens too.

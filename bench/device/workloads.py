@@ -140,7 +140,7 @@ def hf_rows(hf: Any, prompts: list[list[int]], starts: list[int], device: torch.
 
 
 def score_rows(engine: Any, prompts: list[list[int]], starts: list[int]) -> list[list[float]]:
-    from engine.sampling_params import SamplingParams
+    from protocol.sampling import SamplingParams
 
     params = [SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=n) for n in starts]
     return [[v for v, _ in o.input_token_logprobs or []] for o in engine.generate(prompts, params)]
@@ -180,7 +180,7 @@ def ragged_section(run: Any) -> dict[str, Any]:
 
 
 def prefill_section(run: Any) -> dict[str, Any]:
-    from engine.sampling_params import SamplingParams
+    from protocol.sampling import SamplingParams
 
     s = shared(run)
     n = 24 if run.smoke else 1024
@@ -216,7 +216,7 @@ def mc_section(run: Any) -> dict[str, Any]:
 
 
 def generate_section(run: Any) -> dict[str, Any]:
-    from engine.sampling_params import SamplingParams
+    from protocol.sampling import SamplingParams
 
     s = shared(run)
     dev, vocab = run.device, s.shape["vocab_size"]

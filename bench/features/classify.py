@@ -20,7 +20,7 @@ import torch
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading.default_model import resolve_model_path
-from engine.sampling_params import SamplingParams
+from protocol.sampling import PoolingParams, SamplingParams
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
                 (Path(tmp) / name).write_bytes(src.read_bytes())
         eng = LLMEngine(EngineConfig(model=tmp, device="cpu", num_threads=a.threads, enable_prefix_cache=False,
                                      max_num_batched_tokens=2048, max_num_seqs=64))
-        params = SamplingParams(max_tokens=0, classify=True)
+        params = SamplingParams(max_tokens=0, pooling=PoolingParams())
         got = eng.generate(prompts, params)
         with torch.inference_mode():
             want = [hf(torch.tensor([p])).logits[0].tolist() for p in prompts]

@@ -26,7 +26,7 @@ from workers.stats import process_memory
 
 async def _run_one(engine: Any, ids: list[int], k: int) -> tuple[list[Any], float]:
     """The request through the engine, as the worker streams it, and the longest gap of a 5 ms ticker."""
-    from engine.sampling_params import SamplingParams
+    from protocol.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0, top_logprobs_num=k)
     gaps: list[float] = []
@@ -51,8 +51,8 @@ def _case(model: str, rows: int, k: int, threads: int, out: mp.Queue) -> None:
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
     from ingress.generate.render import chunk_json
+    from protocol import merge_outputs
     from workers.convert import to_chunk
-    from workers.protocol import merge_outputs
 
     cfg = EngineConfig(model=model, device="cpu", num_threads=threads, kv_cache_bytes=256 << 20,
                        max_top_logprobs=1 << 20, max_logprob_entries=1 << 40)

@@ -16,7 +16,7 @@ import time
 
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 
 SCORE = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0)
 

@@ -20,7 +20,7 @@ import torch
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading.default_model import resolve_model_path
-from engine.sampling_params import SamplingParams
+from protocol.sampling import AdapterRef, SamplingParams
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -49,7 +49,8 @@ def _prompts(n: int, tokens: int) -> list[list[int]]:
 
 
 def _time(eng: LLMEngine, prompts: list[list[int]], adapters: list[str | None], reps: int) -> float:
-    params = [SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0, adapter=a) for a in adapters]
+    params = [SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0,
+                             adapter=None if a is None else AdapterRef(a)) for a in adapters]
     eng.generate(prompts[:4], params[:4])  # warm-up (loads the adapters it names)
     best = float("inf")
     for _ in range(reps):

@@ -29,7 +29,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.parallel.local import run_local
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 
 SHAPE: dict[str, Any] = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                              num_attention_heads=12, num_key_value_heads=6, max_position_embeddings=8192,

@@ -26,7 +26,7 @@ def run(threads: int, model: str | None) -> dict:
     from engine.config import DEFAULT_MODEL, EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.loading.weight_update import apply_weights, stage_weights
-    from engine.sampling_params import SamplingParams
+    from protocol.sampling import SamplingParams
 
     engine = LLMEngine(EngineConfig(model=model or DEFAULT_MODEL, device="cpu", num_threads=threads,
                                     kv_cache_bytes=64 << 20))

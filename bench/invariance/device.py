@@ -23,8 +23,8 @@ from engine.config import EngineConfig
 from engine.invariant.mode import plans_of
 from engine.invariant.row_plan import machine_name
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput, merge_outputs
-from engine.sampling_params import SamplingParams
+from protocol.outputs import RequestOutput, merge_outputs
+from protocol.sampling import SamplingParams
 
 NEEDLES = {
     "score": SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0, top_logprobs_num=3),

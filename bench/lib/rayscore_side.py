@@ -10,8 +10,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from protocol.outputs import RequestOutput
+from protocol.sampling import SamplingParams
 
 
 def make_engine(model: str, threads: int, **overrides: Any) -> LLMEngine:

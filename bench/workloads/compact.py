@@ -1,4 +1,4 @@
-"""JSON vs the compact encoding of logprob answers (engine/compact.py), end to end over HTTP.
+"""JSON vs the compact encoding of logprob answers (protocol/compact.py), end to end over HTTP.
 
     python -m bench compact [--model PATH] [--tokens 2048] [--ks 0 20 256] [--clients 4] [--requests 24] [--reps 3]
 
@@ -40,7 +40,7 @@ def compute_answers(model: str, tokens: int, ks: list[int]) -> dict[str, Any]:
     with ranks, one generated token)."""
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    from protocol.sampling import SamplingParams
     from workers.convert import to_chunk
 
     eng = LLMEngine(EngineConfig(model=model, max_model_len=tokens + 8, max_top_logprobs=max(ks),
@@ -72,7 +72,7 @@ def serve(data_path: str, port: int) -> None:
 
     from ingress.app import build_fastapi_app
     from ingress.settings import IngressSettings
-    from workers.protocol import ModelInfo
+    from protocol import ModelInfo
 
     data = pickle.loads(Path(data_path).read_bytes())
     k_max = max(k for _, k in data["answers"])

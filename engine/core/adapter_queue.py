@@ -51,7 +51,7 @@ class AdapterQueue:
         """Whether `seq`, next in queue order, may start now; if so it holds its adapter's slot until it finishes
         (seq.lora_slot, and seq.cache_salt, which keys its prefix-cache blocks by this load of the adapter).
         Raises ValueError (LoraError) when the adapter cannot be loaded."""
-        name = seq.params.adapter
+        name = seq.params.adapter and seq.params.adapter.name
         if name is None or seq.lora_slot is not None:
             return True  # the base model, or a preempted request that kept its slot
         if self._blocked and (name == self._draining or not self.slots.is_resident(name)):

@@ -17,7 +17,7 @@ import time
 
 from engine.core.admission import OVERLOADED
 from engine.llm_engine import LLMEngine
-from engine.outputs import FinishReason, RequestOutput
+from protocol.outputs import FinishReason, RequestOutput
 from rulebook.sglang import PAUSE_MODES
 
 PAUSED_TOO_LONG = ("Generation has been paused for more than {seconds:g} s (config field `pause_timeout_s`); the "

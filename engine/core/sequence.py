@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from enum import Enum
 
-from engine.outputs import FinishReason
-from engine.sampling_params import SamplingParams
+from protocol.outputs import FinishReason
+from protocol.sampling import SamplingParams
 
 
 class SequenceStatus(Enum):

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.outputs import TokenLogprob
 from engine.runner.logit_buffer import count_at_least, log_softmax_, log_sum_exp, owned_float32
+from protocol.outputs import TokenLogprob
 
 # Batch-invariant log-softmax: rows per call, the last tile padded (one shape per call by construction).
 ROW_TILE = 64

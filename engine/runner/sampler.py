@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 from rulebook.rules import MIN_TEMPERATURE
 
 

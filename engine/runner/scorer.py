@@ -19,10 +19,10 @@ from functools import partial
 import torch
 
 from engine.models.llama import LlamaForCausalLM
-from engine.outputs import TokenLogprob
 from engine.parallel.driver import TensorParallel
 from engine.runner.logit_buffer import float_logits
 from engine.runner.logprobs import score_rows
+from protocol.outputs import TokenLogprob
 
 # (row, token) pairs per chunk of the shortcut, per row of the full path's block (see RowScorer._fast).
 FAST_PAIRS_PER_ROW = 16

@@ -13,7 +13,7 @@ import torch
 from engine.core.scheduler import ScheduledChunk, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.layers.attention import AttentionMetadata
-from engine.outputs import TokenLogprob
+from protocol.outputs import TokenLogprob
 
 
 @dataclass

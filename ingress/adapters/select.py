@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from ingress.backend import Backend
 from ingress.errors import InvalidRequest, NotFound
+from protocol import ModelInfo
 from rulebook.adapters import UNKNOWN_ADAPTER, UNKNOWN_MODEL
-from workers.protocol import ModelInfo
 
 
 async def adapter_for_model(backend: Backend, model: str | None, info: ModelInfo) -> tuple[str, str] | None:

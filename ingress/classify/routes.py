@@ -1,6 +1,6 @@
 """POST /classify (vLLM's and SGLang's shapes) and POST /pooling (vLLM's) over the same Backend and request
 lifecycle as every other route: limits, admission as one unit, batching with other requests in the worker's
-engine, a client gone aborts its requests. Each prompt is one worker request with SamplingParams.classify, whose
+engine, a client gone aborts its requests. Each prompt is one worker request with PoolingParams, whose
 answer is the classifier's raw scores at transformers' pooled position (GenerateChunk.pooled).
 
 - vLLM /classify: `data[i] = {index, label, probs, num_classes}`; probs through vLLM's activation unless
@@ -32,10 +32,10 @@ from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
 from ingress.openai.validation import check_text
+from protocol import GenerateChunk, GenerateRequest, ModelInfo, PoolingParams, SamplingParams
 from rulebook import pooling
-from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 
-CLASSIFY = SamplingParams(max_tokens=0, classify=True)
+CLASSIFY = SamplingParams(max_tokens=0, pooling=PoolingParams())
 
 
 class ClassifyRoutes:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ingress.classify.schemas import ClassifyBody, Input
 from ingress.errors import InvalidRequest
+from protocol import ModelInfo
 from rulebook import pooling, rules
-from workers.protocol import ModelInfo
 
 _VLLM_FIELDS = frozenset({"model", "input", "use_activation", "add_special_tokens", "user"})
 _SGLANG_FIELDS = frozenset({"text", "input_ids", "rid"})

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingress.backend import Backend
-from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
+from protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 
 
 @dataclass

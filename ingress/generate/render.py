@@ -1,6 +1,6 @@
 """/generate's payloads: a GenerateChunk -> the contract's JSON answer or event, and its error body.
 
-A chunk is already a delta (protocol.py), so one chunk is one event and a merged chunk is the whole
+A chunk is already a delta (protocol/carriers.py), so one chunk is one event and a merged chunk is the whole
 answer: the same function renders both. None ("not requested") and [] ("requested, empty") pass
 through untouched.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 from ingress.errors import IngressError
 from ingress.sse import sse_data
-from workers.protocol import FinishReason, GenerateChunk, compact
+from protocol import FinishReason, GenerateChunk, compact
 
 
 def finish_json(finish: FinishReason) -> dict[str, Any]:
@@ -30,7 +30,7 @@ TOP_ROWS = ("input_top_logprobs", "output_top_logprobs", "input_token_ids_logpro
 
 
 def flat_meta(meta: dict[str, Any]) -> None:
-    """return_flat_logprobs_b64: each logprob field of meta_info becomes its flat base64 arrays (engine/compact.py,
+    """return_flat_logprobs_b64: each logprob field of meta_info becomes its flat base64 arrays (protocol/compact.py,
     SGLang's names); a field the answer does not carry stays absent, one that is null stays null."""
     for name in TOKEN_ROWS + TOP_ROWS:
         if name in meta:

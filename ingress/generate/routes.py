@@ -31,11 +31,11 @@ from ingress.sglang.routes import SGLangGenerate
 from ingress.sglang.schemas import body_schema
 from ingress.sglang.translate import SamplingTypeError, parse
 from ingress.sse import SSE_DONE, sse_data
+from protocol import GenerateChunk
 from rulebook import rules
 from rulebook import sglang as sg
 from rulebook.adapters import ADAPTER_TWICE
 from rulebook.sglang import LORA_PATHS_DIFFER
-from workers.protocol import GenerateChunk
 
 
 class GenerateRoutes:

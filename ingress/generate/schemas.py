@@ -81,7 +81,7 @@ LogprobRow = list[Any]  # [value, token_id]
 
 
 class FinishReasonSchema(BaseModel):
-    """How /generate writes the carrier's FinishReason (workers.protocol): its error `code` is the HTTP status."""
+    """How /generate writes the carrier's FinishReason (protocol/outputs.py): its error `code` is the HTTP status."""
 
     type: Literal["stop", "length", "abort", "error"]
     matched: str | int | None = Field(None, description="The stop string or token id that ended generation.")

@@ -14,8 +14,9 @@ import uuid
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, enforce
 from ingress.generate.schemas import GenerateBody
+from protocol import GenerateRequest, ModelInfo, SamplingParams
+from protocol.sampling import split_token_ids
 from rulebook import rules
-from workers.protocol import GenerateRequest, ModelInfo, SamplingParams
 
 # Modes in which input tokens can be scored: values come straight from the raw logits.
 SCORING_MODES = ("raw_logits", "raw_logprobs")
@@ -118,7 +119,9 @@ def _check_scoring(body: GenerateBody, info: ModelInfo, with_generation: bool = 
 
 
 def sampling_params(body: GenerateBody) -> SamplingParams:
-    """The body's parameters as the worker takes them (a lone stop string becomes a list, null k is 0)."""
+    """The body's parameters as the worker takes them (a lone stop string becomes a list, null k is 0, a list of
+    lists of token ids is the per-row field)."""
+    flat_ids, row_ids = split_token_ids(body.token_ids_logprob)
     return SamplingParams(
         max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
         min_p=body.min_p, seed=body.seed, stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
@@ -126,14 +129,7 @@ def sampling_params(body: GenerateBody) -> SamplingParams:
         skip_special_tokens=body.skip_special_tokens, include_stop_str_in_output=body.include_stop_str_in_output,
         return_logprob=bool(body.return_logprob), logprob_start_len=body.logprob_start_len,
         top_logprobs_num=body.top_logprobs_num or 0, input_logprob_temperature=body.input_logprob_temperature,
-        token_ids_logprob=_copy_ids(body.token_ids_logprob))
-
-
-def _copy_ids(ids: list[int] | list[list[int]] | None) -> list[int] | list[list[int]] | None:
-    """The carrier's own copy (a list of lists row by row: per-row candidates)."""
-    if ids is None:
-        return None
-    return [list(row) if isinstance(row, list) else row for row in ids]  # type: ignore[return-value]
+        token_ids_logprob=flat_ids, token_id_rows=row_ids)
 
 
 def to_request(body: GenerateBody) -> GenerateRequest:

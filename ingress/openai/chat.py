@@ -42,8 +42,8 @@ from ingress.openai.validation import (
     vllm_fields,
 )
 from ingress.sse import sse_data
+from protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 from rulebook import openai as msg
-from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 
 Head = tuple[str, int, str]  # id, created, model
 

@@ -42,9 +42,9 @@ from ingress.openai.validation import (
     vllm_fields,
 )
 from ingress.sse import sse_data
+from protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 from rulebook import openai as msg
 from rulebook import rules
-from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 
 Head = tuple[str, int, str]  # id, created, model
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for legacy completions

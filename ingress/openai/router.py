@@ -40,7 +40,7 @@ from ingress.openai.score import ScoreRoutes
 from ingress.openai.tokenizer import TokenizerRoutes
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
-from workers.protocol import TokenizerInfo
+from protocol import TokenizerInfo
 
 
 class OpenAIRoute(APIRoute):

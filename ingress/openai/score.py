@@ -30,9 +30,9 @@ from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.openai.schemas.score import ScoreBody
 from ingress.openai.validation import check_model, check_text
+from protocol import GenerateRequest, ModelInfo, SamplingParams, compact
 from rulebook import openai as msg
 from rulebook.rules import TOKEN_OUT_OF_RANGE
-from workers.protocol import GenerateRequest, ModelInfo, SamplingParams, compact
 
 
 def validate_score(body: ScoreBody, info: ModelInfo) -> tuple[str | list[int], list[str] | list[list[int]]]:

@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 
 from ingress.errors import InvalidRequest, NotFound, enforce
 from ingress.openai.schemas.common import SamplingFields
+from protocol import ModelInfo, SamplingParams
 from rulebook import openai as msg
 from rulebook import openai_fields, rules
-from workers.protocol import ModelInfo, SamplingParams
 
 # The logprobs modes whose values are logprobs (raw_logits are not; none computes none).
 LOGPROB_MODES = ("raw_logprobs", "processed_logprobs")

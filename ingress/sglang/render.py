@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ingress.sglang.translate import Item
-from workers.protocol import FinishReason, GenerateChunk, compact
+from protocol import FinishReason, GenerateChunk, compact
 
 Texts = dict[int, str]
 
@@ -98,7 +98,7 @@ def _logprobs(meta: dict[str, Any], item: Item, chunk: GenerateChunk, texts: Tex
 
 
 def _flatten(meta: dict[str, Any]) -> None:
-    """Each logprob field as engine/compact.py's flat arrays, SGLang's field names; an input field's leading null
+    """Each logprob field as protocol/compact.py's flat arrays, SGLang's field names; an input field's leading null
     entry (nothing predicts the boundary token) is `<field>_null_prefix: 1`, as OpenAI's null first token is."""
     for name in ("input_token_logprobs", "output_token_logprobs"):
         if name in meta:

@@ -22,8 +22,8 @@ from ingress.lifecycle import Batch, Lifecycle
 from ingress.sglang.render import Texts, answer_json, token_ids_needed
 from ingress.sglang.translate import Item, Parsed, build
 from ingress.sse import SSE_DONE, sse_data
+from protocol import GenerateChunk, merge_outputs
 from rulebook.sglang import LORA_PATHS_DIFFER
-from workers.protocol import GenerateChunk, merge_outputs
 
 
 def _lora_name(lora_path: str | list[str | None] | None) -> str | None:

@@ -22,9 +22,9 @@ from ingress.errors import InvalidRequest, enforce
 from ingress.generate.schemas import GenerateBody
 from ingress.generate.validation import to_request, validate
 from ingress.sglang.schemas import SGLangBody, SGLangSampling
+from protocol import GenerateRequest, ModelInfo
 from rulebook import rules
 from rulebook import sglang as sg
-from workers.protocol import GenerateRequest, ModelInfo
 
 Tokenize = Callable[[str], Awaitable[list[int]]]
 

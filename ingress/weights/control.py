@@ -19,8 +19,8 @@ from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.generate.schemas import HealthBody
 from ingress.openai.render.common import error_json
 from ingress.openai.schemas.common import OpenAIErrorBody
+from protocol import GenerateRequest, SamplingParams, WeightUpdateResult
 from rulebook import sglang as sg
-from workers.protocol import GenerateRequest, SamplingParams, WeightUpdateResult
 
 HEALTH_TIMEOUT_S = 20.0
 

@@ -18,8 +18,8 @@ from ingress.edge.openapi import error_responses
 from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.openai.render.common import error_json
 from ingress.openai.schemas.common import OpenAIErrorBody
+from protocol import WeightUpdate, WeightUpdateResult
 from rulebook.sglang import update_refusal
-from workers.protocol import WeightUpdate, WeightUpdateResult
 
 
 class UpdateWeightsBody(BaseModel):

@@ -1,6 +1,6 @@
 """One name per concept: no module-level assignment gives a class or a constant a second name
 (`FinishInfo = FinishReason`, `CausalLM = LlamaForCausalLM`, `DEFAULT_MODEL_NAME = DEFAULT_MODEL`). A re-export
-is an import (`from engine.outputs import FinishReason`), never an assignment."""
+is an import (`from protocol.outputs import FinishReason`), never an assignment."""
 
 from __future__ import annotations
 

@@ -146,8 +146,8 @@ def test_config_and_pool_bounds_come_from_the_serve_yaml() -> None:
 
 def test_flat_logprobs_output_decodes_to_the_plain_output(ray_cluster, tmp_path: Path) -> None:
     """--flat-logprobs: the same rows, their token_logprobs and top-k written in the compact encoding; decoded with
-    engine/compact.py (as an HTTP answer is), equal to the plain run's bit for bit."""
-    from engine import compact
+    protocol/compact.py (as an HTTP answer is), equal to the plain run's bit for bit."""
+    from protocol import compact
 
     src = tmp_path / "ids.jsonl"
     src.write_text("".join(json.dumps({"ids": ids}) + "\n" for ids in ([504, 3458, 282, 4649, 314], [30, 31, 32])))

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from engine.async_engine import AsyncEngine
-from engine.outputs import merge_outputs
-from engine.sampling_params import SamplingParams
+from protocol.outputs import merge_outputs
+from protocol.sampling import SamplingParams
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
 
 

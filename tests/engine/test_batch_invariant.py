@@ -19,8 +19,8 @@ from bench.invariance.device import BESIDE, run_case, served
 from bench.invariance.device import NEEDLES as SHORT_NEEDLES
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput, merge_outputs
-from engine.sampling_params import SamplingParams
+from protocol.outputs import RequestOutput, merge_outputs
+from protocol.sampling import SamplingParams
 from tests.helpers.reference import hf_scores
 
 VOCAB = 49152

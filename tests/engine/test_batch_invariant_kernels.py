@@ -22,7 +22,7 @@ from engine.loading.loader import load_model
 from engine.runner.logprobs import row_scores, score_rows
 from engine.runner.sampler import sample
 from engine.runner.scorer import RowRequest, RowScorer
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 from tests.helpers.invariant import chunked, merge, run_attention, run_model
 from tests.helpers.reference import hf_scores
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from engine.llm_engine import RequestError
-from engine.sampling_params import SamplingParams
+from protocol.sampling import PoolingParams, SamplingParams
 from rulebook.pooling import pooled_position
 from tests.helpers.engine import make_engine, rand_ids, scoring
 from tests.helpers.tiny_classifiers import build_classifier, reference_scores
 from tests.helpers.tiny_families import FAMILIES
 
-CLASSIFY = SamplingParams(max_tokens=0, classify=True)
+CLASSIFY = SamplingParams(max_tokens=0, pooling=PoolingParams())
 
 
 @pytest.fixture(scope="module")
@@ -91,4 +91,4 @@ def test_wrong_task_refused(classifiers: dict[str, Path], tiny_models: dict[str,
     with pytest.raises(RequestError, match="not a classifier"):
         causal.add_request("b", [3, 4, 5], CLASSIFY)
     with pytest.raises(RequestError, match="max_tokens 0 and no logprobs"):
-        classifier.add_request("c", [3, 4, 5], SamplingParams(max_tokens=2, classify=True))
+        classifier.add_request("c", [3, 4, 5], SamplingParams(max_tokens=2, pooling=PoolingParams()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 from tests.helpers.engine import make_engine, rand_ids
 from tests.helpers.reference import hf_logits
 from tests.helpers.tp import run_split

@@ -13,7 +13,7 @@ import pytest
 from engine.layers import lora as lora_layer
 from engine.llm_engine import RequestError
 from engine.loading.lora import LoraError
-from engine.sampling_params import SamplingParams
+from protocol.sampling import AdapterRef, SamplingParams
 from tests.helpers.engine import make_engine, rand_ids, scoring
 from tests.helpers.reference import hf_scores
 from tests.helpers.tiny_adapters import build_adapter, peft_scores
@@ -33,7 +33,7 @@ def adapters(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFact
 
 def _with(name: str | None, start: int = 0) -> SamplingParams:
     p = scoring(start)
-    p.adapter = name
+    p.adapter = None if name is None else AdapterRef(name)
     return p
 
 
@@ -152,7 +152,7 @@ def test_a_folder_rewritten_in_place_is_read_again(tiny_models: dict[str, Path],
 
     def served() -> object:
         p = _with("policy")
-        p.adapter_path = str(folder)
+        p.adapter = AdapterRef("policy", str(folder))
         return engine.generate([ids], p, check=True)[0]
 
     assert _close(served().input_token_logprobs, peft_scores(base, folder, ids, 0)) <= ATOL

@@ -13,8 +13,8 @@ import pytest
 
 from engine.llm_engine import LLMEngine
 from engine.loading.lora import LoraError
-from engine.outputs import RequestOutput, merge_outputs
-from engine.sampling_params import SamplingParams
+from protocol.outputs import RequestOutput, merge_outputs
+from protocol.sampling import AdapterRef, SamplingParams
 from tests.helpers.engine import make_engine, rand_ids
 from tests.helpers.reference import hf_scores
 from tests.helpers.tiny_adapters import build_adapter, peft_scores
@@ -34,7 +34,7 @@ def adapters(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFact
 def _params(adapter: str | None, max_tokens: int) -> SamplingParams:
     """Scores the whole prompt and generates greedily: every row it returns has a reference."""
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, return_logprob=True,
-                          logprob_start_len=0, adapter=adapter)
+                          logprob_start_len=0, adapter=None if adapter is None else AdapterRef(adapter))
 
 
 def _run(engine: LLMEngine, max_loras: int) -> tuple[dict[str, list[RequestOutput]], list[set[str]]]:
@@ -49,7 +49,7 @@ def _run(engine: LLMEngine, max_loras: int) -> tuple[dict[str, list[RequestOutpu
         engine.check_integrity()
         started.append({s.request_id for s in live if s.scheduled_time is not None} - seen)
         seen |= started[-1]
-        in_step = {s.params.adapter for s in engine.scheduler.running if s.params.adapter is not None}
+        in_step = {s.params.adapter.name for s in engine.scheduler.running if s.params.adapter is not None}
         assert len(in_step) <= max_loras
         for out in outs:
             streams[out.request_id].append(out)

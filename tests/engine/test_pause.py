@@ -10,7 +10,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.loading.weight_update import apply_weights, stage_weights
-from engine.outputs import merge_outputs
+from protocol.outputs import merge_outputs
 from tests.helpers.engine import greedy, make_engine, rand_ids
 
 

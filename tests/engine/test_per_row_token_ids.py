@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.llm_engine import LLMEngine, RequestError
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 from tests.helpers.engine import assert_rows, make_engine, rand_ids
 from tests.helpers.reference import hf_logits
 
@@ -32,7 +32,7 @@ def check_rows(out, path, ids: list[int], p: SamplingParams) -> None:  # noqa: A
     pos = torch.arange(n, len(ids) - 1)
     assert_rows(out.input_token_logprobs, ids, n, scaled[pos, torch.tensor(ids[n + 1:])].tolist(), ATOL)
     assert len(out.input_token_ids_logprobs) == len(pos)
-    for row, q, want_ids in zip(out.input_token_ids_logprobs, pos.tolist(), p.token_ids_logprob, strict=True):
+    for row, q, want_ids in zip(out.input_token_ids_logprobs, pos.tolist(), p.token_id_rows, strict=True):
         assert [t for _, t in row] == want_ids
         assert all(abs(v - scaled[q, t].item()) <= ATOL for v, t in row)
     raw = torch.log_softmax(logits, -1)
@@ -47,7 +47,7 @@ def per_row(start: int, ids: list[int], seed: int, max_tokens: int = 0, temp: fl
             ) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, return_logprob=True,
                           logprob_start_len=start, input_logprob_temperature=temp,
-                          token_ids_logprob=candidates(len(ids) - start - 1, seed))
+                          token_id_rows=candidates(len(ids) - start - 1, seed))
 
 
 @pytest.mark.parametrize("prefix_cache", [False, True])
@@ -75,7 +75,7 @@ def test_input_rows_with_generated_tokens(tiny_models) -> None:
     eng = make_engine(path, enable_prefix_cache=True)
     ids = rand_ids(19, seed=22)
     p = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, return_logprob=True, logprob_start_len=0,
-                       token_ids_logprob=candidates(18, 4))
+                       token_id_rows=candidates(18, 4))
     for _ in range(2):
         out = eng.generate([ids], p, check=True)[0]
         check_rows(out, path, ids, p)
@@ -115,20 +115,17 @@ def test_flat_ids_are_reported_at_generated_tokens_too(tiny_models) -> None:
 def test_wrong_number_of_lists_names_the_rows(tiny_models) -> None:
     eng: LLMEngine = make_engine(tiny_models["llama"])
     ids = rand_ids(10, seed=25)
-    p = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=3, token_ids_logprob=[[1]] * 5)
+    p = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=3, token_id_rows=[[1]] * 5)
     with pytest.raises(RequestError, match=r"has 5 lists, one per scored row, but the request scores 6 rows"):
         eng.add_request("r", ids, p)
-    with pytest.raises(RequestError, match="not a mix"):
-        eng.add_request("r", ids, SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=3,
-                                                 token_ids_logprob=[[1], 2, [3], [4], [5], [6]]))  # type: ignore[list-item]
     with pytest.raises(RequestError, match="entry 999 is out of range"):
         eng.add_request("r", ids, SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=3,
-                                                 token_ids_logprob=[[1], [2], [3], [999], [5], [6]]))
+                                                 token_id_rows=[[1], [2], [3], [999], [5], [6]]))
 
 
 def test_entries_count_each_rows_own_list() -> None:
     p = SamplingParams(max_tokens=2, return_logprob=True, logprob_start_len=1, top_logprobs_num=1,
-                       token_ids_logprob=[[1, 2, 3], [], [4]])
+                       token_id_rows=[[1, 2, 3], [], [4]])
     # 3 input rows + 2 generated, each (1 + k) entries, plus 3 + 0 + 1 candidate entries.
     assert p.logprob_entries(5) == 5 * 2 + 4
 

@@ -9,7 +9,7 @@ import torch
 
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.sequence import Sequence
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 from tests.helpers.engine import assert_rows, greedy, make_engine, rand_ids, scoring
 from tests.helpers.reference import hf_logits, hf_scores
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 from tests.helpers.engine import assert_rows, make_engine, rand_ids
 from tests.helpers.reference import hf_logits
 

@@ -11,7 +11,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.config import RUNTIME_FIELDS, EngineConfig
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 from tests.helpers.engine import make_engine, rand_ids, scoring
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.runner.sampler import apply_filters, sample
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from engine.runner.logprobs import score_rows
 from engine.runner.sampler import apply_filters, sample
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 from rulebook import rules
 
 VOCAB = 64

@@ -6,8 +6,8 @@ from __future__ import annotations
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
-from engine.outputs import RequestOutput, merge_outputs
-from engine.sampling_params import SamplingParams
+from protocol.outputs import RequestOutput, merge_outputs
+from protocol.sampling import SamplingParams
 from tests.helpers.engine import assert_rows, make_engine, rand_ids, scoring
 from tests.helpers.reference import hf_scores
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 from tests.helpers.engine import assert_rows, greedy, make_engine, rand_ids, scoring
 from tests.helpers.reference import hf_logits, hf_scores
 

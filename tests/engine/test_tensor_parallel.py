@@ -14,7 +14,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading.loader import load_model
 from engine.parallel.shard import refusals, vocab_range
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
 from tests.helpers.reference import hf_logits, hf_model
 from tests.helpers.tiny_families import build_family

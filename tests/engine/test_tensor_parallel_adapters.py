@@ -19,7 +19,7 @@ from engine.loading.loader import load_model
 from engine.loading.lora import read_adapter
 from engine.parallel.shard import RowParallelLinear, shard_model
 from engine.runner.lora import AdapterSlots
-from engine.sampling_params import SamplingParams
+from protocol.sampling import AdapterRef, PoolingParams, SamplingParams
 from tests.helpers.engine import rand_ids, scoring
 from tests.helpers.reference import hf_scores
 from tests.helpers.tiny_adapters import build_adapter, peft_scores
@@ -35,7 +35,7 @@ CFG = dict(max_num_batched_tokens=64, num_kv_blocks=128, block_size=4, score_row
 
 def _with(name: str | None) -> SamplingParams:
     p = scoring(0)
-    p.adapter = name
+    p.adapter = None if name is None else AdapterRef(name)
     return p
 
 
@@ -78,7 +78,7 @@ def test_split_classifier_equals_transformers(tmp_path: Path, labels: int) -> No
     family = "llama" if labels == 1 else "qwen2"
     path = build_classifier(tmp_path / family, family, labels, seed=labels)
     prompts = [rand_ids(n, seed=n) for n in (1, 7, 16, 23)]
-    classify = SamplingParams(max_tokens=0, classify=True)
+    classify = SamplingParams(max_tokens=0, pooling=PoolingParams())
     split = run_split(2, dict(model=str(path), **CFG), [(prompts, [classify] * 4), (prompts[2:3], [classify])])
     cold, (warm,) = split.outputs
     for ids, out in zip(prompts, cold, strict=True):

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.async_engine import AsyncEngine
 from engine.loading.weight_update import WeightUpdateError, apply_weights, stage_weights
-from engine.outputs import merge_outputs
+from protocol.outputs import merge_outputs
 from tests.helpers.engine import assert_rows, greedy, make_engine, rand_ids, scoring
 from tests.helpers.reference import hf_scores
 from tests.helpers.tiny_models import build_tiny_model

@@ -15,7 +15,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine, EngineUnhealthy
 from engine.llm_engine import RequestError
-from engine.outputs import merge_outputs
+from protocol.outputs import merge_outputs
 from tests.helpers.engine import assert_rows, make_engine, rand_ids, scoring
 from tests.helpers.reference import hf_scores
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 
 # Config values every make_engine takes unless the call overrides them: a test module re-runs shared checks on
 # another path by setting one here (monkeypatch.setitem), e.g. attention_backend="varlen".

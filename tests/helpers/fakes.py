@@ -16,7 +16,7 @@ import httpx
 
 from ingress.app import build_fastapi_app
 from ingress.lifecycle import all_or_none
-from workers.protocol import (
+from protocol import (
     DEFAULT_WEIGHT_VERSION,
     FinishReason,
     GenerateChunk,

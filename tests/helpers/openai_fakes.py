@@ -13,8 +13,7 @@ from typing import Any
 import httpx
 
 from ingress.app import build_fastapi_app
-from tests.helpers.fakes import FakeBackend
-from workers.protocol import (
+from protocol import (
     ChatPrompt,
     FinishReason,
     GenerateChunk,
@@ -23,6 +22,7 @@ from workers.protocol import (
     TokenizerInfo,
     error_chunk,
 )
+from tests.helpers.fakes import FakeBackend
 
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=64, logprobs_mode="raw_logprobs")
 
@@ -55,7 +55,7 @@ def model(req: GenerateRequest):
         rows = [[value(p, ids[p]), ids[p]] for p in range(start + 1, len(ids))]
         tops = [[[-0.001 * j, j] for j in range(k)] for _ in rows] if k else None
         ranks = [rank(t) for _, t in rows] if req.params.return_input_ranks else None
-        if req.params.token_ids_logprob is not None:  # each row's own ids (one list for all, or per row)
+        if req.params.asks_token_ids:  # each row's own ids (one list for all, or per row)
             asked = req.params.row_token_ids(start, len(ids) - 2)
             cands = [[[value(start + 1 + r, t), t] for t in row or []] for r, row in enumerate(asked)]
     if req.params.max_tokens == 0:

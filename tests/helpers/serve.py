@@ -13,7 +13,7 @@ import yaml
 from ray import serve
 
 from deploy.app import build_app
-from workers.protocol import WorkerStats
+from protocol import WorkerStats
 
 
 def ids_of(n: int, seed: int) -> list[int]:

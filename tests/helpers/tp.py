@@ -8,10 +8,10 @@ from functools import partial
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.outputs import RequestOutput
 from engine.parallel.local import run_local
-from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
+from protocol.outputs import RequestOutput
+from protocol.sampling import SamplingParams
 
 Batch = tuple[list[list[int]], list[SamplingParams]]
 

@@ -23,7 +23,7 @@ async def test_load_list_select_unload() -> None:
         assert (await c.post("/generate", json={**SCORE, "lora_path": "b"})).status_code == 200
         r = await c.post("/v1/completions", json={"model": "b", "prompt": [3, 4], "max_tokens": 1})
         assert r.status_code == 200, r.text
-        assert [(q.params.adapter, q.params.adapter_path) for q in backend.requests] == [
+        assert [(q.params.adapter.name, q.params.adapter.path) for q in backend.requests] == [
             ("a", "/ad/a"), ("b", "/ad/b"), ("b", "/ad/b")]
 
         r = await c.post("/generate", json={**SCORE, "adapter": "zz"})
@@ -51,7 +51,7 @@ async def test_sglang_shape_selects_its_adapter_by_lora_path() -> None:
         assert (await c.post("/generate", json={**body, "lora_path": "a"})).status_code == 200
         batch = {**body, "input_ids": [[3, 4, 5], [6, 7, 8]], "lora_path": ["a", "a"]}
         assert (await c.post("/generate", json=batch)).status_code == 200
-        assert [(q.params.adapter, q.params.adapter_path) for q in backend.requests] == [("a", "/ad/a")] * 3
+        assert [(q.params.adapter.name, q.params.adapter.path) for q in backend.requests] == [("a", "/ad/a")] * 3
         r = await c.post("/generate", json={**batch, "lora_path": ["a", None]})
         assert r.status_code == 400 and "one adapter for every item" in r.text
         r = await c.post("/generate", json={**body, "lora_path": "zz"})

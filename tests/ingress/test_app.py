@@ -12,8 +12,8 @@ import json
 import httpx
 import pytest
 
+from protocol import FinishReason, GenerateChunk
 from tests.helpers.fakes import HANG, SCORE, FakeBackend, client, fake_model, post
-from workers.protocol import FinishReason, GenerateChunk
 
 
 def events(resp: httpx.Response) -> list[dict | str]:

@@ -12,11 +12,11 @@ import pytest
 
 from engine.llm_engine import LLMEngine
 from ingress.classify.activation import activate
+from protocol import GenerateChunk, GenerateRequest, ModelInfo
 from tests.helpers.engine import make_engine, rand_ids
 from tests.helpers.fakes import FakeBackend, client
 from tests.helpers.tiny_classifiers import LABELS, build_classifier, reference_scores
 from workers.convert import to_chunk
-from workers.protocol import GenerateChunk, GenerateRequest, ModelInfo
 
 ATOL = 1e-4
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from ingress.coalesce import Coalescer
-from workers.protocol import GenerateChunk, GenerateRequest, SamplingParams
+from protocol import GenerateChunk, GenerateRequest, SamplingParams
 
 
 def scoring(rid: str, n: int = 8) -> GenerateRequest:

@@ -1,4 +1,4 @@
-"""The compact logprob encoding (engine/compact.py) on every route that answers logprobs: the same request with
+"""The compact logprob encoding (protocol/compact.py) on every route that answers logprobs: the same request with
 `return_flat_logprobs_b64` decodes to exactly the JSON answer's values and ids, bit for bit (float32 values are the
 engine's; /v1/score's float64 probabilities stay float64). Over the fake worker (tests/helpers/openai_fakes.py), whose
 values are not float32-representable, so the test's fake rounds them through float32 as the engine's are."""
@@ -9,8 +9,8 @@ import struct
 
 import pytest
 
+from protocol import GenerateRequest, compact
 from tests.helpers.openai_fakes import Backend, call, complete, model
-from workers.protocol import GenerateRequest, compact
 
 
 def f32(x: float) -> float:

@@ -9,9 +9,9 @@ import pytest
 
 from ingress.app import build_fastapi_app
 from ingress.settings import IngressSettings
+from protocol import GenerateRequest
 from tests.helpers.fakes import HANG, SCORE, FakeBackend, fake_model
 from tests.helpers.serve import sse_events
-from workers.protocol import GenerateRequest
 
 
 def client(backend: FakeBackend, timeout_s: float) -> httpx.AsyncClient:

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from ingress.app import build_fastapi_app
 from ingress.errors import InvalidRequest
 from ingress.fan_out import as_one_unit, common_prefix
+from protocol import GenerateRequest, SamplingParams
 from tests.helpers import openai_fakes
 from tests.helpers.fakes import INFO, FakeBackend
-from workers.protocol import GenerateRequest, SamplingParams
 
 SCORING = {"max_tokens": 0, "return_logprob": True, "logprob_start_len": 0}
 BOUNDED = replace(INFO, max_queued_requests=64, max_queued_tokens=1000)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from protocol import GenerateChunk, GenerateRequest
 from tests.helpers.openai_fakes import Backend, call, error
-from workers.protocol import GenerateChunk, GenerateRequest
 
 LIMIT_NAME = "config field `max_batch_items`"
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from protocol import FinishReason, GenerateChunk, GenerateRequest
 from tests.helpers.fakes import SCORE, FakeBackend, fake_model, post
-from workers.protocol import FinishReason, GenerateChunk, GenerateRequest
 
 
 def events(resp) -> list:

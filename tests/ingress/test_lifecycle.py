@@ -15,8 +15,8 @@ from ingress.generate.validation import to_request, validate
 from ingress.lifecycle import Batch
 from ingress.openai.completions import validate_completion
 from ingress.openai.schemas.completions import CompletionBody
+from protocol import GenerateRequest, SamplingParams
 from tests.helpers.fakes import HANG, INFO, FakeBackend, fake_model
-from workers.protocol import GenerateRequest, SamplingParams
 
 
 def request(rid: str, first_id: int, max_tokens: int, logprobs: bool = False) -> GenerateRequest:

@@ -11,9 +11,9 @@ import pytest
 from ingress.app import build_fastapi_app
 from ingress.limits import logprob_entries
 from ingress.settings import IngressSettings
+from protocol import GenerateRequest, SamplingParams
 from tests.helpers.fakes import FakeBackend
 from tests.helpers.openai_fakes import Backend as OpenAIBackend
-from workers.protocol import GenerateRequest, SamplingParams
 
 
 def client(backend: FakeBackend, **settings) -> httpx.AsyncClient:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ingress.backend import HandleBackend
+from protocol import TokenizerInfo
 from tests.helpers.fakes import FakeHandle, FakeMethod, FakeResponse
-from workers.protocol import TokenizerInfo
 
 TOK_INFO = TokenizerInfo(model_name="tiny", tokenizer_class="Fake", vocab_size=100, max_model_len=64,
                          eos_token="</s>", eos_token_id=2, bos_token=None, bos_token_id=None, pad_token=None,

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
+from protocol import FinishReason, GenerateChunk, ModelInfo
 from tests.helpers.openai_fakes import INFO, Backend, call, error, sse, text_of, value
-from workers.protocol import FinishReason, GenerateChunk, ModelInfo
 
 MESSAGES = [{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
 PROMPT = "system: S|user: Hi|assistant: "  # the fake template's rendering of MESSAGES

@@ -11,9 +11,9 @@ import json
 import pytest
 
 from ingress.app import build_fastapi_app
+from protocol import FinishReason, GenerateChunk, ModelInfo
 from tests.helpers.fakes import HANG, RawCall
 from tests.helpers.openai_fakes import Backend, call, complete, error, model, sse, value
-from workers.protocol import FinishReason, GenerateChunk, ModelInfo
 
 # --- what lm-eval sends -------------------------------------------------------------------------------
 

@@ -18,9 +18,9 @@ from ingress.backend import HandleBackend
 from ingress.errors import Overloaded, WorkerLost
 from ingress.retry import RetryBudget, RetryCounter
 from ingress.settings import IngressSettings
+from protocol import FinishReason, GenerateChunk, GenerateRequest
 from tests.helpers.fakes import SCORE, FakeBackend, FakeHandle, FakeMethod, FakeResponse, fake_model
 from tests.helpers.serve import sse_events
-from workers.protocol import FinishReason, GenerateChunk, GenerateRequest
 
 
 def failing(times: int, exc: BaseException):

@@ -16,8 +16,8 @@ from ingress.generate.schemas import GenerateBody
 from ingress.generate.validation import to_request, validate
 from ingress.limits import logprob_entries
 from ingress.settings import IngressSettings
+from protocol import GenerateChunk, GenerateRequest, SamplingParams
 from tests.helpers.fakes import INFO, FakeBackend
-from workers.protocol import GenerateChunk, GenerateRequest, SamplingParams
 
 SCORE = {"input_ids": [1, 2, 3, 4], "max_tokens": 0, "return_logprob": True, "logprob_start_len": 0}
 

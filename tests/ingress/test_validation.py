@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from ingress.errors import InvalidRequest
 from ingress.generate.schemas import GenerateBody
 from ingress.generate.validation import to_request, validate
-from workers.protocol import ModelInfo
+from protocol import ModelInfo
 
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=256, logprobs_mode="raw_logprobs")
 NO_LOGPROBS = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=256, logprobs_mode="none")

@@ -9,8 +9,8 @@ import pytest
 from ingress.app import build_fastapi_app
 from ingress.edge.auth import with_keys
 from ingress.settings import IngressSettings
+from protocol import WeightUpdate
 from tests.helpers.fakes import SCORE, FakeBackend, FakeHandle
-from workers.protocol import WeightUpdate
 
 PLAIN, ADMIN = "plain-key", "admin-key"
 

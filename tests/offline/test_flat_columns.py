@@ -1,13 +1,13 @@
-"""rayscore-batch's --flat-logprobs: the compact columns of a row decode (engine/compact.py, as an HTTP answer does) to
-exactly the values and top-k the plain columns hold, bit for bit; a row in error has nulls in both."""
+"""rayscore-batch's --flat-logprobs: the compact columns of a row decode (protocol/compact.py, as an HTTP answer
+does) to exactly the values and top-k the plain columns hold, bit for bit; a row in error has nulls in both."""
 
 from __future__ import annotations
 
 import struct
 
-from engine import compact
 from offline.columns import result_columns
 from offline.dataset_scorer import RowResult
+from protocol import compact
 
 
 def f32(x: float) -> float:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 from rulebook import rules
 
 

@@ -2,7 +2,7 @@
 `logprobs.content[]` entries (token, logprob, bytes, top_logprobs), with vLLM's extensions (docs/vllm.md): the
 answer's `prompt_logprobs` and `prompt_token_ids`, the choice's `token_ids`, tokens as `token_id:<id>`.
 
-A chunk is already a delta (protocol.py), so one chunk is one streamed delta and a merged chunk the whole
+A chunk is already a delta (protocol/carriers.py), so one chunk is one streamed delta and a merged chunk the whole
 message. Token strings are each id decoded alone (as for /v1/completions); `bytes` are their UTF-8 bytes.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 from ingress.openai.render.common import finish_reason, generated_ids, token_name
 from ingress.openai.render.prompt_logprobs import prompt_logprobs_flat, prompt_logprobs_ids, prompt_logprobs_json
 from ingress.openai.validation import VllmFields
-from workers.protocol import GenerateChunk, compact
+from protocol import GenerateChunk, compact
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """What the OpenAI routes' renderings share: the response envelope, usage, finish reasons, OpenAI's error body.
 
-A chunk is already a delta (protocol.py), so one chunk is one streamed choice delta and a merged chunk is the
+A chunk is already a delta (protocol/carriers.py), so one chunk is one streamed choice delta and a merged chunk is the
 whole choice. Token strings are each id decoded alone (as OpenAI and vLLM do); the caller fetches them from the
 worker's tokenizer for the ids a choice's `needed_ids` names.
 """
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ingress.errors import IngressError
-from workers.protocol import FinishReason, GenerateChunk
+from protocol import FinishReason, GenerateChunk
 
 
 def generated_ids(chunk: GenerateChunk) -> set[int]:

@@ -11,7 +11,7 @@ from typing import Any
 from ingress.openai.render.common import finish_reason, generated_ids, token_name
 from ingress.openai.render.prompt_logprobs import prompt_logprobs_flat, prompt_logprobs_ids, prompt_logprobs_json
 from ingress.openai.validation import VllmFields
-from workers.protocol import GenerateChunk, compact
+from protocol import GenerateChunk, compact
 
 
 @dataclass

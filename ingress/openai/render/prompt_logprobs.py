@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workers.protocol import GenerateChunk, compact
+from protocol import GenerateChunk, compact
 
 LogprobEntry = dict[str, Any]
 # vLLM's stand-in for -inf, which JSON cannot write.
@@ -47,7 +47,7 @@ def prompt_logprobs_json(chunk: GenerateChunk, k: int, texts: Mapping[int, str]
 
 
 def prompt_logprobs_flat(chunk: GenerateChunk, k: int) -> dict[str, Any]:
-    """The same rows in the compact encoding (engine/compact.py): the prompt tokens' values, ids and ranks [n] and the
+    """The same rows in the compact encoding (protocol/compact.py): the prompt tokens' values, ids and ranks [n] and the
     k most likely tokens [n, k], each with null_prefix 1 (position 0)."""
     return {**compact.encode_token_rows("prompt_logprobs", chunk.input_token_logprobs or [], null_prefix=1),
             **compact.flat_ids("prompt_logprobs", chunk.input_token_ranks or [], suffix="rank"),

@@ -16,7 +16,7 @@ from ingress.errors import IngressError, ServerError, finish_error, worker_faile
 from ingress.lifecycle import Batch
 from ingress.openai.render.common import error_json
 from ingress.sse import SSE_DONE, sse_data
-from workers.protocol import GenerateChunk
+from protocol import GenerateChunk
 
 logger = logging.getLogger(__name__)
 Event = Callable[[int, GenerateChunk], Awaitable[str]]
