@@ -18,16 +18,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine.commands import AbortRequest, AddRequest, Command, Control, ControlKind, RunBetweenSteps, RunExclusive
+from engine.commands import AbortRequest, AddRequest, Command, Control, RunBetweenSteps, RunExclusive
 from engine.config import EngineConfig
 from engine.core.admission import OVERLOADED, AdmissionQueue
-from engine.core.pause import Pause
+from engine.core.pause import PauseState
 from engine.llm_engine import LLMEngine, RequestError
 from engine.stats import ServingStats
+from protocol.control import FlushCache, GenerationControl, Pause, Resume
 from protocol.outputs import FinishReason, RequestOutput
 from protocol.sampling import SamplingParams
 from rulebook import rules
-from rulebook.sglang import EMPTY_CACHE
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class AsyncEngine:
         # An exclusive call waiting for the engine to drain (run_exclusive) and the adds held back meanwhile.
         self._exclusive: tuple[Callable[[LLMEngine], Any], concurrent.futures.Future, int] | None = None
         self._held: list[AddRequest | RunExclusive] = []
-        self._pause = Pause(cfg.pause_timeout_s)  # only the engine thread reads or writes it
+        self._pause = PauseState(cfg.pause_timeout_s)  # only the engine thread reads or writes it
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = False
@@ -145,23 +145,13 @@ class AsyncEngine:
 
         return self.run_between_steps(apply)
 
-    def pause(self, mode: str) -> concurrent.futures.Future:
-        """Pause generation in SGLang's `mode` (engine/core/pause.py); the future holds how many requests were in."""
-        return self._command("pause", mode)
-
-    def resume(self, empty_cache: bool = False) -> concurrent.futures.Future:
-        """End a pause; empty_cache: first hand the CUDA allocator's cached blocks back to the driver (SGLang's
-        torch_empty_cache), between steps, so no kernel is running on them."""
-        return self._command("resume", EMPTY_CACHE if empty_cache else None)
-
-    def abort_live(self, request_id: str | None) -> concurrent.futures.Future:
-        """End a live request (None: every one) with finish_reason abort, its stream answered with what it produced
-        so far (SGLang's /abort_request); the future holds how many were aborted."""
-        return self._command("abort_live", request_id)
-
-    def _command(self, kind: ControlKind, arg: str | None = None) -> concurrent.futures.Future:
+    def control(self, op: GenerationControl) -> concurrent.futures.Future:
+        """Run a control operation between two steps: Pause (in SGLang's mode, engine/core/pause.py), Resume (with
+        empty_cache, first hand the CUDA allocator's cached blocks back to the driver, so no kernel runs on them),
+        Abort (a live request, or every one, ending with finish_reason abort and what it produced so far),
+        FlushCache. The future holds how many requests it touched."""
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(Control(kind, arg, done))
+        self._commands.put(Control(op, done))
         self._wake.set()
         return done
 
@@ -230,20 +220,23 @@ class AsyncEngine:
         elif isinstance(cmd, RunBetweenSteps):
             _run_into(cmd.done, cmd.fn, self.engine)
         elif isinstance(cmd, Control):
-            _run_into(cmd.done, lambda eng: self._control(cmd.kind, cmd.arg), self.engine)
+            _run_into(cmd.done, lambda eng: self._control(cmd.op), self.engine)
         else:
             self.engine.abort_request(cmd.request_id)  # its stream is gone already: nothing to deliver
 
-    def _control(self, kind: str, arg: str | None = None) -> int:
-        if kind == "resume":
-            if arg == EMPTY_CACHE:
+    def _control(self, op: GenerationControl) -> int:
+        if isinstance(op, FlushCache):
+            self.engine.flush_cache()
+            return 0
+        if isinstance(op, Resume):
+            if op.empty_cache:
                 self.engine.release_cached_memory()
             self._pause.end()
             return 0
-        if kind == "pause":
-            count, outs = self._pause.start(self.engine, arg or "abort")
-        else:
-            rids = [arg] if arg is not None else list(self.engine.seqs)
+        if isinstance(op, Pause):
+            count, outs = self._pause.start(self.engine, op.mode)
+        else:  # Abort
+            rids = [op.request_id] if op.request_id is not None else list(self.engine.seqs)
             outs = [out for rid in rids if (out := self.engine.abort_request(rid)) is not None]
             count = len(outs)
         for out in outs:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
+from protocol.control import GenerationControl
 from protocol.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -50,17 +51,12 @@ class RunBetweenSteps:
     done: concurrent.futures.Future
 
 
-# SGLang's generation controls (engine/core/pause.py): pause (arg: the mode), resume, abort_live (arg: a request
-# id, None: every live request).
-ControlKind: TypeAlias = Literal["pause", "resume", "abort_live"]
-
-
 @dataclass(frozen=True)
 class Control:
-    """Pause, resume or abort live requests between two steps; `done` gets how many requests it touched."""
+    """A control operation (protocol/control.py: pause, resume, abort, flush) between two steps; `done` gets how
+    many requests it touched."""
 
-    kind: ControlKind
-    arg: str | None
+    op: GenerationControl
     done: concurrent.futures.Future
 
 

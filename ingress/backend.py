@@ -25,6 +25,7 @@ from protocol import (
     WeightUpdate,
     WeightUpdateResult,
 )
+from protocol.control import FlushCache, GenerationControl
 
 if TYPE_CHECKING:  # Ray is only needed once a handle exists; tests of the routes never import it.
     from ray.serve.handle import DeploymentHandle
@@ -101,9 +102,6 @@ class Backend(Protocol):
         """Every replica loads req.model_path, or none does (success False, the reason in message)."""
         ...
 
-    async def flush_cache(self) -> WeightUpdateResult:
-        ...
-
     async def weight_version(self) -> str:
         ...
 
@@ -119,10 +117,9 @@ class Backend(Protocol):
         """False when no adapter has the name."""
         ...
 
-    async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
-        """SGLang's generation controls on every worker replica, through the same registry: "pause" (arg: the
-        mode), "continue" (arg: rulebook.sglang.EMPTY_CACHE or None), "abort" (arg: the request id, None: all).
-        num_paused_requests: the requests touched."""
+    async def control(self, op: GenerationControl) -> WeightUpdateResult:
+        """A control operation (protocol/control.py: Pause, Resume, Abort, FlushCache) on every worker replica,
+        through the same registry. num_paused_requests: the requests touched."""
         ...
 
 
@@ -273,22 +270,15 @@ class HandleBackend:
         result: WeightUpdateResult = await registry.update.remote(req)
         return result
 
-    async def flush_cache(self) -> WeightUpdateResult:
+    async def control(self, op: GenerationControl) -> WeightUpdateResult:
+        flush = isinstance(op, FlushCache)
         if not self._weight_updates:
-            return WeightUpdateResult(False, WEIGHT_UPDATES_OFF)
+            return WeightUpdateResult(False, WEIGHT_UPDATES_OFF if flush else CONTROLS_OFF)
         registry = await self._registry()
         if registry is None:
-            return WeightUpdateResult(False, "No worker replica has started: there is no cache to flush.")
-        result: WeightUpdateResult = await registry.flush.remote()
-        return result
-
-    async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
-        if not self._weight_updates:
-            return WeightUpdateResult(False, CONTROLS_OFF)
-        registry = await self._registry()
-        if registry is None:
-            return WeightUpdateResult(False, "No worker replica has started: there is no generation to control.")
-        result: WeightUpdateResult = await registry.control.remote(kind, arg)
+            return WeightUpdateResult(False, "No worker replica has started: there is no cache to flush." if flush
+                                      else "No worker replica has started: there is no generation to control.")
+        result: WeightUpdateResult = await registry.control.remote(op)
         return result
 
     async def weight_version(self) -> str:

@@ -9,8 +9,9 @@ never silently ignored: each of them would change the answer. Pure, like rules.p
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, get_args
 
+from protocol.control import PauseMode
 from rulebook.rules import Violation
 
 # Top-level fields of the seed's shape that SGLang's shape puts inside `sampling_params` (or calls `text`).
@@ -163,9 +164,7 @@ def negative_max_new(value: int) -> Violation | None:
         else None
 
 
-PAUSE_MODES = ("abort", "retract", "in_place")
-# /continue_generation's torch_empty_cache, as the control's argument on its way to every worker.
-EMPTY_CACHE = "empty_cache"
+PAUSE_MODES: tuple[str, ...] = get_args(PauseMode)
 PAUSE_MODE = "The mode {mode!r} is not one of SGLang's pause modes: abort, retract, in_place."
 ABORT_WHAT = "Give the rid of the request to abort, or abort_all: true."
 

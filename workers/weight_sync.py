@@ -11,7 +11,7 @@ from typing import Any
 
 from engine.async_engine import AsyncEngine
 from engine.loading.weight_update import StagedWeights, WeightUpdateError, apply_weights, stage_weights
-from rulebook import sglang as sg
+from protocol.control import CommitWeights, ControlOp, DiscardWeights, PrepareWeights
 from workers.deployment_actors import FIND_TIMEOUT_S, deployment_actor
 from workers.weights import WeightAck, WeightOp
 
@@ -70,32 +70,30 @@ class WeightSync:
             self._seen = op.seq
             self.registry.ack.remote(self.handle(op))
 
-    def handle(self, op: WeightOp) -> WeightAck:
+    def handle(self, published: WeightOp) -> WeightAck:
+        op, seq = published.op, published.seq
         try:
-            paused = 0
-            if op.kind == "prepare":
-                assert op.path is not None
-                self._staged = stage_weights(self.engine.engine, op.path)
-            elif op.kind == "discard":
-                self._staged = None
-            elif op.kind == "commit":
-                assert op.path is not None and op.version is not None
-                staged = self._staged if self._staged is not None else stage_weights(self.engine.engine, op.path)
-                self._staged = None
-                version = op.version
-                _, paused = self.engine.run_exclusive(lambda eng: apply_weights(eng, staged, version),
-                                                      op.abort_all).result()
-            elif op.kind == "flush":
-                self.engine.run_between_steps(lambda eng: eng.flush_cache()).result()
-            elif op.kind == "pause":
-                paused = self.engine.pause(op.arg or "abort").result()
-            elif op.kind == "continue":
-                self.engine.resume(empty_cache=op.arg == sg.EMPTY_CACHE).result()
-            elif op.kind == "abort":
-                paused = self.engine.abort_live(op.arg).result()
-            return WeightAck(self.replica, op.seq, True, paused=paused)
+            paused = self._run(op)
+            return WeightAck(self.replica, seq, True, paused=paused)
         except WeightUpdateError as exc:
-            return WeightAck(self.replica, op.seq, False, str(exc))
+            return WeightAck(self.replica, seq, False, str(exc))
         except Exception as exc:  # reported to the caller of the update, and this replica keeps serving
-            log.exception("weight operation %s failed", op.kind)
-            return WeightAck(self.replica, op.seq, False, f"{type(exc).__name__}: {exc}")
+            log.exception("control operation %s failed", type(op).__name__)
+            return WeightAck(self.replica, seq, False, f"{type(exc).__name__}: {exc}")
+
+    def _run(self, op: ControlOp) -> int:
+        """Run one operation on this replica's engine; the requests it touched."""
+        if isinstance(op, PrepareWeights):
+            self._staged = stage_weights(self.engine.engine, op.path)
+            return 0
+        if isinstance(op, DiscardWeights):
+            self._staged = None
+            return 0
+        if isinstance(op, CommitWeights):
+            staged = self._staged if self._staged is not None else stage_weights(self.engine.engine, op.path)
+            self._staged = None
+            version = op.version
+            _, paused = self.engine.run_exclusive(lambda eng: apply_weights(eng, staged, version),
+                                                  op.abort_all).result()
+            return int(paused)
+        return int(self.engine.control(op).result())

@@ -17,9 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from protocol import DEFAULT_WEIGHT_VERSION, WeightUpdate, WeightUpdateResult
+from protocol.control import (
+    CommitWeights,
+    ControlOp,
+    DiscardWeights,
+    FlushCache,
+    GenerationControl,
+    PrepareWeights,
+)
 
 # A replica's watch returns empty after WATCH_S; one not seen for LEASE_S is gone (crashed, scaled down).
 WATCH_S = 2.0
@@ -28,12 +36,10 @@ LEASE_S = 10.0
 
 @dataclass(frozen=True)
 class WeightOp:
+    """A published control operation (protocol/control.py) and its place in the sequence replicas follow."""
+
     seq: int
-    kind: str  # "prepare" | "commit" | "discard" | "flush" | the control kinds: "pause" | "continue" | "abort"
-    path: str | None = None
-    version: str | None = None
-    abort_all: bool = False
-    arg: str | None = None  # pause: the mode; abort: the request id (None: every request)
+    op: ControlOp
 
 
 @dataclass(frozen=True)
@@ -94,14 +100,14 @@ class WeightRegistry:
 
     async def update(self, req: WeightUpdate) -> WeightUpdateResult:
         async with self.one_at_a_time:
-            acks = await self._run(WeightOp(0, "prepare", req.model_path))
+            acks = await self._run(PrepareWeights(req.model_path))
             failed = [a for a in acks if not a.ok]
             if not acks or failed:
-                await self._run(WeightOp(0, "discard"))
+                await self._run(DiscardWeights())
                 why = failed[0].message if failed else "No worker replica is running to load the weights."
                 return WeightUpdateResult(False, why, 0, self.record.version)
             version = req.weight_version if req.weight_version is not None else self.record.version
-            acks = await self._run(WeightOp(0, "commit", req.model_path, version, req.abort_all_requests))
+            acks = await self._run(CommitWeights(req.model_path, version, req.abort_all_requests))
             self.record = WeightRecord(req.model_path, version, self.record.seq)
             paused = sum(a.paused for a in acks)
             failed = [a for a in acks if not a.ok]
@@ -111,30 +117,23 @@ class WeightRegistry:
             return WeightUpdateResult(True, f"Succeeded to update model weights on {len(acks)} replica(s).",
                                       paused, version)
 
-    async def flush(self) -> WeightUpdateResult:
+    async def control(self, op: GenerationControl) -> WeightUpdateResult:
+        """A control operation on every replica alive (pause in a mode, resume, abort by id or all, flush the
+        cache); the count is the requests it touched, summed over the replicas."""
         async with self.one_at_a_time:
-            acks = await self._run(WeightOp(0, "flush"))
+            acks = await self._run(op)
             failed = [a for a in acks if not a.ok]
             if not acks or failed:
                 return WeightUpdateResult(False, failed[0].message if failed else "No worker replica is running.")
-            return WeightUpdateResult(True, "Cache flushed.", 0, self.record.version)
+            message = ("Cache flushed." if isinstance(op, FlushCache)
+                       else f"{type(op).__name__} done on {len(acks)} replica(s).")
+            return WeightUpdateResult(True, message, sum(a.paused for a in acks), self.record.version)
 
-    async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
-        """SGLang's generation controls on every replica alive (pause in a mode, continue, abort by id or all); the
-        count is the requests they touched, summed over the replicas."""
-        async with self.one_at_a_time:
-            acks = await self._run(WeightOp(0, kind, arg=arg))
-            failed = [a for a in acks if not a.ok]
-            if not acks or failed:
-                return WeightUpdateResult(False, failed[0].message if failed else "No worker replica is running.")
-            return WeightUpdateResult(True, f"{kind} done on {len(acks)} replica(s).", sum(a.paused for a in acks),
-                                      self.record.version)
-
-    async def _run(self, op: WeightOp) -> list[WeightAck]:
+    async def _run(self, op: ControlOp) -> list[WeightAck]:
         """Publish `op` and wait for the answer of every replica alive (or the timeout: then a failed answer)."""
         async with self.changed:
             seq = self.record.seq + 1
-            self.op = replace(op, seq=seq)
+            self.op = WeightOp(seq, op)
             self.record = WeightRecord(self.record.path, self.record.version, seq)
             now = time.monotonic()
             alive = {r for r, t in self.seen.items() if now - t < LEASE_S}

@@ -17,6 +17,7 @@ import time
 
 from engine.core.admission import OVERLOADED
 from engine.llm_engine import LLMEngine
+from protocol.control import PauseMode
 from protocol.outputs import FinishReason, RequestOutput
 from rulebook.sglang import PAUSE_MODES
 
@@ -24,17 +25,17 @@ PAUSED_TOO_LONG = ("Generation has been paused for more than {seconds:g} s (conf
                    "request was not started. Retry after POST /continue_generation.")
 
 
-class Pause:
+class PauseState:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self.mode: str | None = None
+        self.mode: PauseMode | None = None
         self.since = 0.0
 
     @property
     def active(self) -> bool:
         return self.mode is not None
 
-    def start(self, engine: LLMEngine, mode: str) -> tuple[int, list[RequestOutput]]:
+    def start(self, engine: LLMEngine, mode: PauseMode) -> tuple[int, list[RequestOutput]]:
         """Pause in `mode`: how many requests were in the engine, and the final outputs of those aborted."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"unknown pause mode {mode!r}")

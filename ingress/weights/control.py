@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Body
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,6 +20,7 @@ from ingress.generate.schemas import HealthBody
 from ingress.openai.render.common import error_json
 from ingress.openai.schemas.common import OpenAIErrorBody
 from protocol import GenerateRequest, SamplingParams, WeightUpdateResult
+from protocol.control import Abort, Pause, PauseMode, Resume
 from rulebook import sglang as sg
 
 HEALTH_TIMEOUT_S = 20.0
@@ -77,17 +78,16 @@ def control_router(backend: Backend) -> APIRouter:
         mode = (body or PauseBody()).mode
         if (broken := sg.pause_mode(mode)) is not None:
             return _refused(InvalidRequest(broken.message, param=broken.param))
-        return _answer(await backend.control("pause", mode), "Generation paused successfully.")
+        return _answer(await backend.control(Pause(cast(PauseMode, mode))), "Generation paused successfully.")
 
     async def continue_generation(body: ContinueBody | None = Body(None)) -> Response:
         empty_cache = (body or ContinueBody()).torch_empty_cache
-        return _answer(await backend.control("continue", sg.EMPTY_CACHE if empty_cache else None),
-                       "Generation continued successfully.")
+        return _answer(await backend.control(Resume(empty_cache)), "Generation continued successfully.")
 
     async def abort_request(body: AbortBody) -> Response:
         if (broken := sg.abort_target(body.rid, body.abort_all)) is not None:
             return _refused(InvalidRequest(broken.message, param=broken.param))
-        result = await backend.control("abort", None if body.abort_all else body.rid)
+        result = await backend.control(Abort(None if body.abort_all else body.rid))
         return _answer(result, f"Aborted {result.num_paused_requests} request(s).")
 
     async def get_model_info() -> Response:

@@ -19,6 +19,7 @@ from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.openai.render.common import error_json
 from ingress.openai.schemas.common import OpenAIErrorBody
 from protocol import WeightUpdate, WeightUpdateResult
+from protocol.control import FlushCache
 from rulebook.sglang import update_refusal
 
 
@@ -78,7 +79,7 @@ def weights_router(backend: Backend) -> APIRouter:
             WeightUpdate(body.model_path, body.weight_version, body.abort_all_requests)))
 
     async def flush_cache() -> Response:
-        return _answer(await backend.flush_cache())
+        return _answer(await backend.control(FlushCache()))
 
     async def model_info() -> Response:
         info = await backend.model_info()

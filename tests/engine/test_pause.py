@@ -10,6 +10,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.loading.weight_update import apply_weights, stage_weights
+from protocol.control import Abort, Pause, Resume
 from protocol.outputs import merge_outputs
 from tests.helpers.engine import greedy, make_engine, rand_ids
 
@@ -37,14 +38,14 @@ async def test_pause_then_continue_loses_nothing(tiny_models, mode: str) -> None
         want = [await run(eng, f"ref{i}", ids, 12) for i, ids in enumerate(prompts)]
         tasks = [asyncio.ensure_future(run(eng, f"r{i}", ids, 12)) for i, ids in enumerate(prompts)]
         await until(lambda: eng.engine.scheduler.running)
-        assert eng.pause(mode).result(timeout=10) == 4
+        assert eng.control(Pause(mode)).result(timeout=10) == 4
         steps = eng.engine.counters.steps
         late = asyncio.ensure_future(run(eng, "late", prompts[0], 12))  # arrives while paused: waits
         await asyncio.sleep(0.3)
         assert eng.engine.counters.steps == steps and not late.done()
         if mode == "retract":
             assert not eng.engine.scheduler.running
-        eng.resume().result(timeout=10)
+        eng.control(Resume()).result(timeout=10)
         got = await asyncio.gather(*tasks, late)
         for w, g in zip(want + [want[0]], got, strict=True):
             assert g.new_token_ids == w.new_token_ids and g.finish_reason.type == "length"
@@ -58,10 +59,11 @@ async def test_abort_mode_ends_requests_with_their_output(tiny_models) -> None:
     try:
         task = asyncio.ensure_future(run(eng, "a", rand_ids(10, 50), 400))
         await until(lambda: eng.engine.seqs.get("a") is not None and eng.engine.seqs["a"].num_output_tokens > 2)
-        assert eng.pause("abort").result(timeout=10) == 1
+        assert eng.control(Pause("abort")).result(timeout=10) == 1
         out = await task
         assert out.finish_reason.type == "abort" and 2 < len(out.new_token_ids) < 400
-        eng.resume(empty_cache=True).result(timeout=10)  # /continue_generation's default: nothing to free on CPU
+        # /continue_generation's default: nothing to free on CPU
+        eng.control(Resume(empty_cache=True)).result(timeout=10)
         assert (await run(eng, "b", rand_ids(10, 51), 3)).finish_reason.type == "length"
     finally:
         eng.shutdown()
@@ -70,7 +72,7 @@ async def test_abort_mode_ends_requests_with_their_output(tiny_models) -> None:
 async def test_waiting_while_paused_is_bounded(tiny_models) -> None:
     eng = engine(tiny_models, pause_timeout_s=0.3)
     try:
-        eng.pause("abort").result(timeout=10)
+        eng.control(Pause("abort")).result(timeout=10)
         out = await run(eng, "w", rand_ids(10, 52), 3)
         assert out.finish_reason.type == "error" and out.finish_reason.code == 503
         assert "pause_timeout_s" in out.finish_reason.message
@@ -84,11 +86,11 @@ async def test_weight_update_while_paused_after_retract(tiny_models) -> None:
     try:
         task = asyncio.ensure_future(run(eng, "u", rand_ids(10, 53), 30))
         await until(lambda: eng.engine.scheduler.running)
-        eng.pause("retract").result(timeout=10)
+        eng.control(Pause("retract")).result(timeout=10)
         staged = stage_weights(eng.engine, str(tiny_models["llama"]))
         _, in_engine = eng.run_exclusive(lambda e: apply_weights(e, staged, "v2")).result(timeout=10)
         assert in_engine == 1 and eng.engine.weight_version == "v2"
-        eng.resume().result(timeout=10)
+        eng.control(Resume()).result(timeout=10)
         out = await task
         assert out.finish_reason.type == "length" and len(out.new_token_ids) == 30
     finally:
@@ -100,10 +102,10 @@ async def test_abort_by_id_and_all(tiny_models) -> None:
     try:
         tasks = {rid: asyncio.ensure_future(run(eng, rid, rand_ids(10, 54), 400)) for rid in ("x", "y", "z")}
         await until(lambda: len(eng.engine.seqs) == 3)
-        assert eng.abort_live("x").result(timeout=10) == 1
+        assert eng.control(Abort("x")).result(timeout=10) == 1
         assert (await tasks["x"]).finish_reason.type == "abort"
-        assert eng.abort_live("nope").result(timeout=10) == 0
-        assert eng.abort_live(None).result(timeout=10) == 2
+        assert eng.control(Abort("nope")).result(timeout=10) == 0
+        assert eng.control(Abort(None)).result(timeout=10) == 2
         assert {(await tasks[r]).finish_reason.type for r in ("y", "z")} == {"abort"}
     finally:
         eng.shutdown()

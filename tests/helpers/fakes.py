@@ -27,6 +27,7 @@ from protocol import (
     merge_outputs,
     until_finished,
 )
+from protocol.control import FlushCache, GenerationControl, Resume
 
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=512, logprobs_mode="raw_logprobs")
 HANG = object()  # in a script: wait forever (a long prefill, a stuck worker)
@@ -78,7 +79,7 @@ class FakeBackend:
         self.aborted: list[str] = []  # rids whose stream was closed or cancelled before its final chunk
         self.started = asyncio.Event()  # set once a stream was entered
         self.weight_updates: list[WeightUpdate] = []
-        self.controls: list[tuple[str, str | None]] = []
+        self.controls: list[GenerationControl] = []
         self.version = DEFAULT_WEIGHT_VERSION
 
     async def model_info(self) -> ModelInfo:
@@ -127,9 +128,6 @@ class FakeBackend:
         self.version = req.weight_version or self.version
         return WeightUpdateResult(True, "Succeeded to update model weights on 1 replica(s).", 0, self.version)
 
-    async def flush_cache(self) -> WeightUpdateResult:
-        return WeightUpdateResult(True, "Cache flushed.", 0, self.version)
-
     async def weight_version(self) -> str:
         return self.version
 
@@ -149,9 +147,12 @@ class FakeBackend:
 
     # Generation controls: the real ones are the engine's and the registry's (tests/engine/test_pause.py,
     # tests/e2e/test_sglang_control.py); this one records the calls.
-    async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
-        self.controls.append((kind, arg))
-        return WeightUpdateResult(True, f"{kind} done on 1 replica(s).", 2 if kind != "continue" else 0, self.version)
+    async def control(self, op: GenerationControl) -> WeightUpdateResult:
+        if isinstance(op, FlushCache):
+            return WeightUpdateResult(True, "Cache flushed.", 0, self.version)
+        self.controls.append(op)
+        return WeightUpdateResult(True, f"{type(op).__name__} done on 1 replica(s).",
+                                  0 if isinstance(op, Resume) else 2, self.version)
 
 
 def client(backend: FakeBackend) -> httpx.AsyncClient:

@@ -10,6 +10,7 @@ import pytest
 from ingress.app import build_fastapi_app
 from ingress.edge.auth import with_keys
 from ingress.settings import IngressSettings
+from protocol.control import Abort, Pause, Resume
 from tests.helpers.fakes import FakeBackend
 
 PLAIN, ADMIN = "plain-key", "admin-key"
@@ -31,8 +32,8 @@ async def test_pause_continue_abort_reach_the_workers() -> None:
         assert (await c.post("/continue_generation", json={"torch_empty_cache": False})).status_code == 200
         assert (await c.post("/abort_request", json={"rid": "r1"})).status_code == 200
         assert (await c.post("/abort_request", json={"abort_all": True})).status_code == 200
-    assert backend.controls == [("pause", "abort"), ("pause", "retract"), ("pause", "in_place"),
-                                ("continue", "empty_cache"), ("continue", None), ("abort", "r1"), ("abort", None)]
+    assert backend.controls == [Pause("abort"), Pause("retract"), Pause("in_place"), Resume(empty_cache=True),
+                                Resume(empty_cache=False), Abort("r1"), Abort(None)]
 
 
 @pytest.mark.parametrize("body", [{"torch_empty_cache": True, "flush": True}, {"torch_empty_cache": "yes"}])

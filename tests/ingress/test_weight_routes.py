@@ -10,6 +10,7 @@ from ingress.app import build_fastapi_app
 from ingress.edge.auth import with_keys
 from ingress.settings import IngressSettings
 from protocol import WeightUpdate
+from protocol.control import FlushCache
 from tests.helpers.fakes import SCORE, FakeBackend, FakeHandle
 
 PLAIN, ADMIN = "plain-key", "admin-key"
@@ -88,4 +89,4 @@ async def test_off_is_a_400_naming_the_field() -> None:
     backend = HandleBackend(FakeHandle(), weight_updates=False)  # type: ignore[arg-type]
     result = await backend.update_weights(WeightUpdate("/x"))
     assert not result.success and "weight_updates" in result.message
-    assert not (await backend.flush_cache()).success and await backend.weight_version() == "default"
+    assert not (await backend.control(FlushCache())).success and await backend.weight_version() == "default"
