@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ingress.coalesce import Coalescer
 from ingress.errors import Overloaded, WorkerLost, worker_failed
+from ingress.text import LazyText, TextSide
 from protocol import (
     DEFAULT_WEIGHT_VERSION,
     ChatPrompt,
@@ -24,8 +26,10 @@ from protocol import (
     TokenizerInfo,
     WeightUpdate,
     WeightUpdateResult,
+    error_chunk,
 )
 from protocol.control import FlushCache, GenerationControl
+from rulebook import rules
 
 if TYPE_CHECKING:  # Ray is only needed once a handle exists; tests of the routes never import it.
     from ray.serve.handle import DeploymentHandle
@@ -68,8 +72,8 @@ class Backend(Protocol):
         """True when at least one worker answers; never raises."""
         ...
 
-    # The served tokenizer, for the OpenAI-compatible routes (the ingress has none of its own).
-    # Each raises when no worker can answer.
+    # The served tokenizer (ingress/text.py: the ingress's own, loaded from the model folder; no worker call).
+    # Each raises when no worker has told the model yet.
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """`text`'s ids; by default exactly as a text prompt of `generate` is tokenized."""
         ...
@@ -124,9 +128,9 @@ class Backend(Protocol):
 
 
 class HandleBackend:
-    """Backend over the worker deployment: `generate` (streaming), `generate_whole` (unary), `model_info`, `stats`
-    and the tokenizer's `tokenize`, `detokenize`, `detokenize_many`, `token_texts`, `apply_chat_template`,
-    `tokenizer_info`.
+    """Backend over the worker deployment: `generate` (streaming), `generate_whole` (unary), `model_info` and
+    `stats`; one worker call per HTTP request (the model-info refresh aside). The text side is this replica's own
+    (ingress/text.py): a text prompt is tokenized here and the worker gets ids.
     Ray's errors for a lost replica become WorkerLost and Serve's BackPressureError becomes Overloaded
     (`_translated`)."""
 
@@ -146,7 +150,7 @@ class HandleBackend:
         self._info: ModelInfo | None = None
         self._info_at = 0.0
         self._info_refresh: asyncio.Task[None] | None = None
-        self._tokenizer_info: TokenizerInfo | None = None
+        self._text = LazyText()
 
     async def model_info(self) -> ModelInfo:
         if self._info is None:
@@ -163,9 +167,32 @@ class HandleBackend:
         finally:
             self._info_refresh = None
 
+    async def _text_side(self) -> TextSide:
+        return await self._text.get(await self.model_info())
+
+    async def _with_ids(self, req: GenerateRequest) -> GenerateRequest | GenerateChunk:
+        """`req` with its text prompt tokenized here (the worker takes ids), or the 400 chunk that ends it when the
+        text breaks a rule or tokenizes to nothing (what the worker answered when it tokenized)."""
+        if req.input_ids is not None:
+            return req
+        text = await self._text_side()
+        prompt = req.prompt or ""
+        broken = text.untokenizable(prompt)
+        if broken is None:
+            ids = await asyncio.to_thread(text.tokenizer.encode, prompt, add_special_tokens=False)
+            broken = rules.empty_prompt(ids)
+        if broken is not None:
+            return error_chunk(req.rid, broken.message, 400)
+        return dataclasses.replace(req, input_ids=ids, prompt=None)
+
     async def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         response = None
         finished = False
+        prepared = await self._with_ids(req)
+        if isinstance(prepared, GenerateChunk):
+            yield prepared
+            return
+        req = prepared
         try:
             # Inside the try: Serve's router may refuse the call right here (BackPressureError), not only on
             # the first read.
@@ -189,7 +216,10 @@ class HandleBackend:
                     response.cancel()
 
     async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
-        return await self.coalescer.answers(reqs)
+        prepared = [await self._with_ids(r) for r in reqs]
+        sent = [p for p in prepared if isinstance(p, GenerateRequest)]
+        got = iter(await self.coalescer.answers(sent) if sent else [])
+        return [p if isinstance(p, GenerateChunk) else next(got) for p in prepared]
 
     async def _whole_call(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
         # One unary call for all of them: a streaming call per prompt costs a generator on both sides of the
@@ -210,10 +240,10 @@ class HandleBackend:
             raise _translated(exc) from exc
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return await _call(self._worker.tokenize, text, add_special_tokens)
+        return await asyncio.to_thread((await self._text_side()).encode, text, add_special_tokens)
 
     async def tokenize_many(self, texts: list[str]) -> list[list[int]]:
-        return await _call(self._worker.tokenize_many, texts)
+        return await asyncio.to_thread((await self._text_side()).encode_many, texts)
 
     async def adapters(self) -> dict[str, str]:
         """The registry's adapters, read at most once a second per ingress replica (a load or unload through another
@@ -245,21 +275,19 @@ class HandleBackend:
         return removed
 
     async def detokenize(self, ids: list[int]) -> str:
-        return await _call(self._worker.detokenize, ids)
+        return await asyncio.to_thread((await self._text_side()).decode, ids)
 
     async def detokenize_many(self, prompts: list[list[int]]) -> list[str]:
-        return await _call(self._worker.detokenize_many, prompts)
+        return await asyncio.to_thread((await self._text_side()).decode_many, prompts)
 
     async def token_texts(self, ids: list[int]) -> list[str]:
-        return await _call(self._worker.token_texts, ids)
+        return await asyncio.to_thread((await self._text_side()).token_texts, ids)
 
     async def apply_chat_template(self, messages: list[dict[str, Any]]) -> ChatPrompt:
-        return await _call(self._worker.apply_chat_template, messages)
+        return await asyncio.to_thread((await self._text_side()).chat_prompt, messages)
 
     async def tokenizer_info(self) -> TokenizerInfo:
-        if self._tokenizer_info is None:
-            self._tokenizer_info = await _call(self._worker.tokenizer_info)
-        return self._tokenizer_info
+        return (await self._text_side()).tokenizer_info()
 
     async def update_weights(self, req: WeightUpdate) -> WeightUpdateResult:
         if not self._weight_updates:

@@ -20,7 +20,8 @@ class GenerateRequest:
     """One worker request: a prompt and how to score, sample and stop."""
 
     rid: str
-    # Exactly one of input_ids / prompt (the worker tokenizes a prompt, no special tokens added).
+    # Exactly one of input_ids / prompt. The worker takes ids only: the ingress's backend tokenizes a prompt (no
+    # special tokens added) before the worker call (ingress/backend.py, ingress/text.py).
     input_ids: list[int] | None = None
     prompt: str | None = None
     params: SamplingParams = field(default_factory=SamplingParams)

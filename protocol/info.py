@@ -16,6 +16,9 @@ class ModelInfo:
     max_model_len: int
     # "raw_logprobs", "processed_logprobs", "raw_logits" or "none".
     logprobs_mode: str
+    # The checkpoint folder the workers load (the embedded model's converted folder, or the config's): each ingress
+    # replica loads the tokenizer and chat template from it (ingress/text.py). "": unknown (tests' fakes).
+    model_path: str = ""
     # The worker's max_prompt_chars_per_token: texts are bounded before anyone tokenizes them.
     prompt_chars_per_token: int = 32
     # Tokens the worker's KV cache holds (prompt + generation of one request at most); None: as many as the context.

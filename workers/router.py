@@ -5,7 +5,7 @@ Serve builds one router per handle owner (the ingress replica, a driver that hol
 (see deploy/app.py) and hands the kwargs to `initialize_state`. Each router keeps its own approximate
 view of which token-block prefixes it has sent to which replica, and sends a request to the replica that
 holds the longest prefix of its `input_ids` unless that replica is much busier than the least loaded one.
-Text prompts (not tokenized here: the ingress has no tokenizer) and the other methods (`stats`,
+Every request carries ids (the ingress tokenizes text: ingress/text.py); the other methods (`stats`,
 `model_info`) take Serve's usual power-of-two choices.
 
 Serve pickles this module by value into each handle owner, so it imports neither torch nor the engine's

@@ -8,28 +8,23 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
-from jinja2 import TemplateError
 from ray import serve
 
 from engine.async_engine import AsyncEngine
 from engine.config import RUNTIME_FIELDS, EngineConfig
 from engine.llm_engine import LLMEngine
 from protocol import (
-    ChatPrompt,
     GenerateChunk,
     GenerateRequest,
     ModelInfo,
-    TokenizerInfo,
     WorkerStats,
-    error_chunk,
     merge_outputs,
     until_finished,
 )
 from protocol.outputs import RequestOutput
-from rulebook import rules
 from workers.adapter_registry import adapter_registry_actor
 from workers.convert import to_chunk
 from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats
@@ -49,9 +44,9 @@ def _labels(hf_config: Any) -> dict[int, str]:
 class EngineWorker:
     """Serve deployment body (bound with options in deploy/app.py). Methods called through a handle:
     `generate` (stream=True), `generate_whole` (unary: whole answers of several requests), `model_info`, `stats`,
-    the tokenizer's `tokenize`, `tokenize_many`, `detokenize`, `detokenize_many`, `token_texts`, `apply_chat_template`,
-    `tokenizer_info` (for the OpenAI-compatible routes), and `weights_registry` (the weight registry's actor handle);
-    Serve calls `check_health` and `reconfigure` (user_config)."""
+    `check_adapter`, `adapters_registry` and `weights_registry` (the registries' actor handles); Serve calls
+    `check_health` and `reconfigure` (user_config). It takes token ids and returns ids, logprobs and the generated
+    text (the engine matches stop strings): the text side is the ingress's (ingress/text.py)."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None,
                  weight_updates: bool = False) -> None:
@@ -65,6 +60,7 @@ class EngineWorker:
         eng = self.engine.engine
         self.info = ModelInfo(model_name=model_name or cfg.model, vocab_size=eng.vocab_size,
                               max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode,
+                              model_path=str(eng.model_path),
                               prompt_chars_per_token=cfg.max_prompt_chars_per_token,
                               kv_capacity_tokens=eng.kv.pool.num_blocks * cfg.block_size,
                               max_queued_requests=cfg.max_queued_requests, max_queued_tokens=cfg.max_queued_tokens,
@@ -72,7 +68,6 @@ class EngineWorker:
                               num_labels=eng.model.num_labels,
                               id2label=_labels(eng.hf_config) if eng.model.classifier else {},
                               problem_type=getattr(eng.hf_config, "problem_type", None))
-        self.tokenizer = eng.tokenizer
         self._base_config = cfg  # what `args` gave; user_config (reconfigure) is laid over it
         # Serve's model multiplexing of LoRA adapters: an LRU of max_loras adapter names per replica that Serve
         # reports to every router (the engine's own LRU of slots is the same size and loads on demand).
@@ -109,15 +104,8 @@ class EngineWorker:
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         ids = req.input_ids
-        if ids is None:
-            broken = self._untokenizable(req.prompt or "")
-            if broken is not None:
-                yield error_chunk(req.rid, broken.message, 400)
-                return
-            ids = await self._encode(req.prompt or "", add_special_tokens=False)
-            if (empty := rules.empty_prompt(ids)) is not None:
-                yield error_chunk(req.rid, empty.message, 400)
-                return
+        if ids is None:  # the ingress tokenizes every text (ingress/text.py): a caller that did not is a bug
+            raise ValueError(f"request {req.rid!r} has no input_ids: the worker takes token ids only")
         # aclosing: when Serve cancels this call (client gone), the engine stream is closed at once, which
         # aborts the request and frees its KV blocks.
         params = req.params
@@ -168,31 +156,6 @@ class EngineWorker:
             return str(exc)
         return None
 
-    # Every tokenizer call runs in a thread: tokenizing or templating a long text takes seconds, and this event
-    # loop must keep answering health checks and streaming other requests meanwhile.
-    def _untokenizable(self, text: str, what: str = "prompt") -> rules.Violation | None:
-        return rules.untokenizable(text, self.info.max_model_len, self.info.prompt_chars_per_token, what)
-
-    async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
-
-    async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """The ids of `text`; by default exactly as `generate` tokenizes a text prompt (no special tokens). A text
-        over max_prompt_chars_per_token raises ValueError with the rule's message (the ingress checks first)."""
-        broken = self._untokenizable(text)
-        if broken is not None:
-            raise ValueError(broken.message)
-        return await self._encode(text, add_special_tokens)
-
-    async def tokenize_many(self, texts: list[str]) -> list[list[int]]:
-        """`tokenize` of each text (no special tokens) in one call: a route with many text items (/v1/score,
-        a completions batch) holds one slot of this replica, not one call per text in its queue."""
-        for text in texts:
-            broken = self._untokenizable(text)
-            if broken is not None:
-                raise ValueError(broken.message)
-        return await asyncio.to_thread(lambda: [self.tokenizer.encode(t, add_special_tokens=False) for t in texts])
-
     async def adapters_registry(self) -> Any:
         """A fresh handle on the deployment's adapter registry actor (the ingress's way to it, as for weights)."""
         return await asyncio.to_thread(adapter_registry_actor)
@@ -201,51 +164,6 @@ class EngineWorker:
         """A fresh handle on the deployment's weight registry actor (the ingress's way to it: its name is Serve's,
         known inside this deployment only), or None with weight updates off."""
         return await asyncio.to_thread(registry_actor) if self.weight_updates else None
-
-    async def detokenize(self, ids: list[int]) -> str:
-        """The text of `ids`, special tokens included (the ingress checks ids against the vocabulary)."""
-        return await asyncio.to_thread(self.tokenizer.decode, ids, skip_special_tokens=False)
-
-    async def detokenize_many(self, prompts: list[list[int]]) -> list[str]:
-        """`detokenize` of each prompt, in one call (a completions batch echoes every prompt sent as ids)."""
-        return await asyncio.to_thread(self.tokenizer.batch_decode, prompts, skip_special_tokens=False)
-
-    async def token_texts(self, ids: list[int]) -> list[str]:
-        """Each id decoded alone, special tokens included: OpenAI's per-token strings (`logprobs.tokens`)."""
-        return await asyncio.to_thread(self.tokenizer.batch_decode, [[i] for i in ids], skip_special_tokens=False)
-
-    async def apply_chat_template(self, messages: list[dict[str, Any]]) -> ChatPrompt:
-        """`messages` ({role, content} with text content, and name / tool_calls / tool_call_id) under the
-        tokenizer's chat template, ending with the assistant turn's opening (add_generation_prompt), tokenized as
-        `generate` tokenizes a text prompt: the template writes the special tokens itself."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            return ChatPrompt([], error="The served model's tokenizer has no chat template.")
-        # The client's strings side by side: their length is what the template renders, and a lone surrogate stays one
-        # wherever it sits (Python never pairs two surrogates of separate strings).
-        client_text = "".join(s for m in messages for k, v in m.items() if k != "role" for s in _strings(v))
-        broken = self._untokenizable(client_text, "message")
-        if broken is not None:
-            return ChatPrompt([], error=broken.message)
-        try:
-            text = await asyncio.to_thread(self.tokenizer.apply_chat_template, messages, tokenize=False,
-                                           add_generation_prompt=True)
-        except TemplateError as exc:  # the template's own raise_exception (roles it does not accept, ...)
-            return ChatPrompt([], error=f"The chat template rejected the messages: {exc}")
-        return ChatPrompt(await self._encode(text, add_special_tokens=False))
-
-    async def tokenizer_info(self) -> TokenizerInfo:
-        tok = self.tokenizer
-
-        def text(name: str) -> str | None:
-            value = getattr(tok, name, None)
-            return value if isinstance(value, str) else None
-
-        return TokenizerInfo(
-            model_name=self.info.model_name, tokenizer_class=type(tok).__name__,
-            vocab_size=self.info.vocab_size, max_model_len=self.info.max_model_len,
-            eos_token=text("eos_token"), eos_token_id=tok.eos_token_id, bos_token=text("bos_token"),
-            bos_token_id=tok.bos_token_id, pad_token=text("pad_token"), pad_token_id=tok.pad_token_id,
-            chat_template=text("chat_template"))
 
     async def stats(self) -> WorkerStats:
         return worker_stats(self.engine, self._whole_calls, self._whole_requests)
@@ -264,15 +182,3 @@ class EngineWorker:
 
 EngineWorkerDeployment = serve.deployment(name="EngineWorker")(EngineWorker)
 
-
-def _strings(value: object) -> Iterator[str]:
-    """Every string inside a JSON value (the messages' contents, names, tool calls' arguments, without the roles):
-    what a template may write of the client's text."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v)

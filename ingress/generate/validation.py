@@ -26,8 +26,8 @@ def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None,
              ) -> None:
     """Raise InvalidRequest with the first failing rule's message; return when the body is valid.
 
-    `prompt_len` is the token count of a text prompt when the caller knows it. The ingress does not
-    (it has no tokenizer), so for a text prompt rule 11 is the worker's, after tokenizing.
+    `prompt_len` is the token count of a text prompt when the caller knows it. The seed route does not (its text
+    is tokenized on the way to the worker, ingress/backend.py), so for a text prompt rule 11 is the engine's.
     `with_generation`: input-token scoring may come with generated tokens (SGLang's dialect, ingress/sglang/); the
     contract's rule 9.3 (scoring only) is the seed shape's.
     """
@@ -52,7 +52,7 @@ def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None,
     _check_scoring(body, info, with_generation)
     # 10-11: the prompt against the model.
     enforce(rules.token_out_of_range(body.input_ids or (), info.vocab_size))
-    if isinstance(body.prompt, str):  # bounded and valid UTF-8 before the worker tokenizes it
+    if isinstance(body.prompt, str):  # bounded and valid UTF-8 before it is tokenized
         enforce(rules.untokenizable(body.prompt, info.max_model_len, info.prompt_chars_per_token))
     n = len(body.input_ids) if body.input_ids is not None else prompt_len
     if n is not None:

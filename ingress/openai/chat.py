@@ -1,8 +1,8 @@
 """POST /v1/chat/completions: OpenAI chat completions over the same request lifecycle as /generate.
 
-The worker renders the messages with the served tokenizer's chat template (the assistant's turn opened) and
-tokenizes them; the prompt is then one worker request, as /v1/completions sends it, with the same sampling
-rules, limits and error shapes. `logprobs` / `top_logprobs` come back as OpenAI's `logprobs.content[]`; with
+The ingress renders the messages with the served tokenizer's chat template (the assistant's turn opened) and
+tokenizes them (ingress/text.py); the prompt is then one worker request, as /v1/completions sends it, with the same
+sampling rules, limits and error shapes. `logprobs` / `top_logprobs` come back as OpenAI's `logprobs.content[]`; with
 `stream`, `chat.completion.chunk` events carry `delta`s (the first names the role), then usage when asked
 for, then [DONE].
 """

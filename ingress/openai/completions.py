@@ -170,7 +170,7 @@ class CompletionRoutes:
         return JSONAnswer(completion_json(*head, out, usage_json(choices)))
 
     async def _ids(self, items: list[str | list[int]], info: ModelInfo) -> list[list[int]]:
-        """Each prompt's ids; the text ones tokenized in one worker call (one slot of its queue per request)."""
+        """Each prompt's ids; the text ones tokenized here, in one thread call (ingress/text.py)."""
         texts = [item for item in items if isinstance(item, str)]
         for text in texts:
             check_text(text, info)
@@ -185,7 +185,7 @@ class CompletionRoutes:
         todo = [c for c, item in zip(choices, items, strict=True) if not isinstance(item, str)]
         if not todo:
             return
-        # One worker call for the whole batch (lm-eval sends 8 prompts as ids a request), not one per prompt.
+        # One tokenizer call for the whole batch (lm-eval sends 8 prompts as ids a request), not one per prompt.
         texts = await self._backend.detokenize_many([c.prompt_ids for c in todo])
         for c, text in zip(todo, texts, strict=True):
             c.prompt_text = text

@@ -127,8 +127,8 @@ class ScoreRoutes:
 
     async def _prompts(self, query: str | list[int], items: list[str] | list[list[int]], item_first: bool,
                        info: ModelInfo) -> list[list[int]]:
-        """Each pair's ids: texts are joined, then tokenized as a text prompt is (SGLang's order of steps), all in
-        one worker call, so a request with many items takes one slot of a worker's queue, not one per item."""
+        """Each pair's ids: texts are joined, then tokenized as a text prompt is (SGLang's order of steps), by the
+        ingress's tokenizer in one thread call; the worker gets ids."""
         pairs = [(item, query) if item_first else (query, item) for item in items]
         if not isinstance(query, str):
             return [[*first, *second] for first, second in pairs]  # type: ignore[misc]  # both ids (validate_score)

@@ -72,8 +72,8 @@ def check_model(model: str | None, info: ModelInfo) -> None:
 
 
 def check_text(text: str, info: ModelInfo, param: str = "prompt") -> None:
-    """A text the worker will tokenize: bounded by the context (max_prompt_chars_per_token) and valid UTF-8, so
-    a worker never spends seconds on megabytes, nor fails on a lone surrogate (400 before any work)."""
+    """A text to tokenize: bounded by the context (max_prompt_chars_per_token) and valid UTF-8, so the
+    tokenizer never spends seconds on megabytes, nor fails on a lone surrogate (400 before any work)."""
     broken = rules.untokenizable(text, info.max_model_len, info.prompt_chars_per_token, param)
     if broken is not None:
         raise InvalidRequest(broken.message, param=param)

@@ -66,7 +66,7 @@ class SGLangGenerate:
         return JSONAnswer(answers if as_list else answers[0])
 
     async def _texts(self, items: list[Item], chunks: list[GenerateChunk]) -> Texts | None:
-        """Each token's text, for return_text_in_logprobs (one worker call for every id of the answer)."""
+        """Each token's text, for return_text_in_logprobs (the ingress's tokenizer, every id of the answer at once)."""
         ids: set[int] = set()
         for item, chunk in zip(items, chunks, strict=True):
             ids |= token_ids_needed(item, chunk)

@@ -1,46 +1,53 @@
-"""HandleBackend's tokenizer methods over a fake DeploymentHandle (no Ray): pass-through and caching."""
+"""HandleBackend's text side (ingress/text.py) over a fake DeploymentHandle (no Ray): the tokenizer is loaded once
+per replica from the folder the worker reports, answers exactly what the workers' tokenizer answers, and no
+tokenizer call reaches a worker."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
+from transformers import AutoTokenizer
 
 from ingress.backend import HandleBackend
-from protocol import TokenizerInfo
-from tests.helpers.fakes import FakeHandle, FakeMethod, FakeResponse
+from tests.helpers.fakes import INFO, FakeHandle, FakeMethod
 
-TOK_INFO = TokenizerInfo(model_name="tiny", tokenizer_class="Fake", vocab_size=100, max_model_len=64,
-                         eos_token="</s>", eos_token_id=2, bos_token=None, bos_token_id=None, pad_token=None,
-                         pad_token_id=None, chat_template=None)
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi, who are you?"}]
 
 
-class Recording(FakeMethod):
-    """A worker method that answers `answer` and records the arguments of each call."""
-
-    def __init__(self, answer: object) -> None:
-        super().__init__([answer])
-        self.calls: list[tuple] = []
-
-    def remote(self, *args) -> FakeResponse:
-        self.calls.append(args)
-        return super().remote(*args)
-
-
-async def test_tokenizer_calls_go_to_the_worker_with_their_arguments():
+def _backend(folder: Path) -> tuple[HandleBackend, FakeHandle]:
     handle = FakeHandle()
-    handle.tokenize, handle.detokenize, handle.token_texts = Recording([5, 6]), Recording("ab"), Recording(["a"])
-    backend = HandleBackend(handle)
-    assert await backend.tokenize("ab") == [5, 6] and handle.tokenize.calls == [("ab", False)]
-    assert await backend.tokenize("ab", True) == [5, 6] and handle.tokenize.calls[-1] == ("ab", True)
-    assert await backend.detokenize([5, 6]) == "ab" and handle.detokenize.calls == [([5, 6],)]
-    assert await backend.token_texts([5]) == ["a"] and handle.token_texts.calls == [([5],)]
+    handle.model_info = FakeMethod([dataclasses.replace(INFO, model_path=str(folder), vocab_size=49152)])
+    return HandleBackend(handle), handle  # type: ignore[arg-type]
 
 
-async def test_tokenizer_info_is_cached_after_first_success():
-    handle = FakeHandle()
-    handle.tokenizer_info = FakeMethod([RuntimeError("no replica yet")], [TOK_INFO])
-    backend = HandleBackend(handle)
-    with pytest.raises(RuntimeError):
-        await backend.tokenizer_info()
-    assert await backend.tokenizer_info() == TOK_INFO
-    assert await backend.tokenizer_info() == TOK_INFO
-    assert len(handle.tokenizer_info.responses) == 2
+async def test_the_text_side_answers_as_the_served_tokenizer(smollm2_path: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    backend, handle = _backend(smollm2_path)
+    text = "Hello, wörld! <|im_end|>"
+    assert await backend.tokenize(text) == tok.encode(text, add_special_tokens=False)
+    assert await backend.tokenize_many([text, "b"]) == [tok.encode(t, add_special_tokens=False) for t in (text, "b")]
+    ids = tok.encode(text, add_special_tokens=False)
+    assert await backend.detokenize(ids) == tok.decode(ids, skip_special_tokens=False)
+    assert await backend.detokenize_many([ids, ids[:2]]) == [tok.decode(i, skip_special_tokens=False)
+                                                           for i in (ids, ids[:2])]
+    assert await backend.token_texts(ids) == [tok.decode([i], skip_special_tokens=False) for i in ids]
+    prompt = await backend.apply_chat_template(CHAT)
+    want = tok.encode(tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True),
+                      add_special_tokens=False)
+    assert prompt.error is None and prompt.ids == want
+    info = await backend.tokenizer_info()
+    assert (info.eos_token, info.eos_token_id, info.chat_template) == (tok.eos_token, tok.eos_token_id,
+                                                                      tok.chat_template)
+    # Loaded once, from the first ModelInfo; the worker was asked nothing but that.
+    assert backend._text._text is not None and len(handle.model_info.responses) == 1
+    assert handle.generate.responses == [] and handle.generate_whole.responses == []
+
+
+async def test_the_template_s_refusals_are_the_clients(smollm2_path: Path, tiny_models: dict[str, Path]) -> None:
+    backend, _ = _backend(tiny_models["llama"])  # a tokenizer without a chat template
+    assert (await backend.apply_chat_template(CHAT)).error == "The served model's tokenizer has no chat template."
+    backend, _ = _backend(smollm2_path)
+    with pytest.raises(ValueError, match="max_prompt_chars_per_token"):
+        await backend.tokenize("x" * 100_000)

@@ -173,9 +173,9 @@ async def test_handle_backend_maps_ray_errors() -> None:
 
     handle = FakeHandle()
     handle.options(stream=True).generate = RefusesAtOnce()
-    handle.tokenize = RefusesAtOnce()
     backend = HandleBackend(handle)  # type: ignore[arg-type]
     with pytest.raises(Overloaded):
         await anext(backend.stream(GenerateRequest("r", input_ids=[1, 2])))
+    handle.model_info = RefusesAtOnce()  # the text side needs the model's folder first: no worker told it yet
     with pytest.raises(Overloaded):
         await backend.tokenize("x")

@@ -1,8 +1,8 @@
 """What the OpenAI routes' renderings share: the response envelope, usage, finish reasons, OpenAI's error body.
 
 A chunk is already a delta (protocol/carriers.py), so one chunk is one streamed choice delta and a merged chunk is the
-whole choice. Token strings are each id decoded alone (as OpenAI and vLLM do); the caller fetches them from the
-worker's tokenizer for the ids a choice's `needed_ids` names.
+whole choice. Token strings are each id decoded alone (as OpenAI and vLLM do); the caller decodes them with the
+ingress's tokenizer (ingress/text.py) for the ids a choice's `needed_ids` names.
 """
 
 from __future__ import annotations
