@@ -3,7 +3,8 @@
     python -m bench run [--quick] [--workload NAME ...] [--model PATH] [--reps N]
     python -m bench list
     python -m bench http [run's options]  workload 5 alone: `run -w http` (short requests, 512-token requests,
-                                        streamed generation, workload 2's prompts; --http-part picks one) behind
+                                        streamed generation, worker calls per route, workload 2's prompts;
+                                        --http-part picks one) behind
                                         the Python proxy and HAProxy (--front-door picks one)
     python -m bench <tool> [...]        one of the tools below, each with its own --help
 
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=2, help="torch threads, the same for every side")
     r.add_argument("--no-llamacpp", action="store_true", help="leave llama.cpp out even when installed")
     r.add_argument("--http-concurrency", type=int, default=32, help="concurrent HTTP clients in workload 5")
-    r.add_argument("--http-part", choices=("all", "short", "long", "stream", "prompts"), default="all",
+    r.add_argument("--http-part", choices=("all", "short", "long", "stream", "calls", "prompts"), default="all",
                    help="workload 5's parts: the short requests (400 x 48 tokens), 512-token scoring requests, "
                         "streamed generation (64 x 32 tokens), workload 2's prompts, or all four")
     r.add_argument("--front-door", choices=("python", "haproxy", "both"), default="both",

@@ -249,6 +249,13 @@ def token_id_count(token_ids: Sequence[Any] | None, rows: int) -> Violation | No
     return None
 
 
+def token_id_shapes_mixed(token_ids: Sequence[Any] | None) -> Violation | None:
+    """Candidate ids are a list of ids or a list of lists of them; a body's list that mixes the two has no meaning
+    (checked where a dialect parses its body, before the canonical request splits the two shapes)."""
+    nested = [isinstance(row, list) for row in token_ids or ()]
+    return Violation(TOKEN_ID_LISTS_MIXED, param="token_ids_logprob") if any(nested) and not all(nested) else None
+
+
 def token_id_rows(token_ids: Sequence[Any] | None, start: int, num_ids: int) -> Violation | None:
     """Per-row candidate ids (a list of lists) need exactly one list per scored row, input_ids[start+1:]; a flat
     list applies to every row."""

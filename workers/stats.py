@@ -23,7 +23,8 @@ def process_memory() -> tuple[int, int]:
     return kib("VmRSS"), kib("VmHWM")
 
 
-def worker_stats(engine: AsyncEngine, whole_calls: int = 0, whole_requests: int = 0) -> WorkerStats:
+def worker_stats(engine: AsyncEngine, whole_calls: int = 0, whole_requests: int = 0,
+                 stream_calls: int = 0) -> WorkerStats:
     s = engine.stats()
     rss, peak = process_memory()
     return WorkerStats(pid=os.getpid(), waiting=s.waiting, running=s.running, kv_blocks_total=s.kv_blocks_total,
@@ -34,5 +35,5 @@ def worker_stats(engine: AsyncEngine, whole_calls: int = 0, whole_requests: int 
                        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                        queued=s.queued, queued_tokens=s.queued_tokens, refused=s.refused,
                        rss_bytes=rss, peak_rss_bytes=peak, stalled_s=engine.stalled_for(),
-                       weight_version=engine.engine.weight_version, whole_calls=whole_calls,
+                       weight_version=engine.engine.weight_version, whole_calls=whole_calls, stream_calls=stream_calls,
                        whole_requests=whole_requests)

@@ -77,6 +77,7 @@ class EngineWorker:
 
         self._hold_adapter = serve.multiplexed(max_num_models_per_replica=cfg.max_loras)(hold_adapter)
         self._whole_calls = self._whole_requests = 0  # generate_whole's calls and the requests they held (stats)
+        self._stream_calls = 0  # generate's calls through the handle (stats: worker calls per HTTP request)
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())
         self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
         # Weight updates (weight_sync.py): the recorded weights are loaded before this replica serves.
@@ -103,6 +104,13 @@ class EngineWorker:
         log.info("rayscore worker runtime settings: %s", {f: getattr(cfg, f) for f in RUNTIME_FIELDS})
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """One request's deltas (the streaming handle call)."""
+        self._stream_calls += 1
+        async with contextlib.aclosing(self._generate(req)) as stream:
+            async for chunk in stream:
+                yield chunk
+
+    async def _generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         ids = req.input_ids
         if ids is None:  # the ingress tokenizes every text (ingress/text.py): a caller that did not is a bug
             raise ValueError(f"request {req.rid!r} has no input_ids: the worker takes token ids only")
@@ -139,7 +147,7 @@ class EngineWorker:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _whole(self, req: GenerateRequest) -> GenerateChunk:
-        chunks = await until_finished(self.generate(req))
+        chunks = await until_finished(self._generate(req))
         # A scoring request's answer is one chunk already: nothing to merge.
         return chunks[0] if len(chunks) == 1 else merge_outputs(chunks)
 
@@ -166,7 +174,7 @@ class EngineWorker:
         return await asyncio.to_thread(registry_actor) if self.weight_updates else None
 
     async def stats(self) -> WorkerStats:
-        return worker_stats(self.engine, self._whole_calls, self._whole_requests)
+        return worker_stats(self.engine, self._whole_calls, self._whole_requests, self._stream_calls)
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metrics hook: this worker's token load (workers/autoscaling.py)."""

@@ -1,5 +1,6 @@
-"""Workload 5, over HTTP: the short requests of http_short.py, the 512-token requests of http_long.py and the streamed
-generation of http_stream.py (issue 24), then workload 2's prompts sent by concurrent clients to a Serve deployment
+"""Workload 5, over HTTP: the short requests of http_short.py, the 512-token requests of http_long.py, the streamed
+generation of http_stream.py (issue 24), the worker calls per HTTP request of each route (http_calls.py), then
+workload 2's prompts sent by concurrent clients to a Serve deployment
 with one and with two workers, against the same prompts in-process (the cost of the Serve path), with p50/p99
 latency; behind the front door --front-door names (http_doors.py: both by default, each in a process of its own).
 
@@ -23,7 +24,7 @@ from bench.lib import rayscore_side as rs
 from bench.lib.context import Context
 from bench.lib.harness import Side, alternate, max_abs_diff_requests, percentile
 from bench.lib.report import Goal, Row
-from bench.workloads import http_doors, http_long, http_short, http_stream
+from bench.workloads import http_calls, http_doors, http_long, http_short, http_stream
 from bench.workloads.short_scoring import prompts
 
 NAME = "5 over HTTP"
@@ -105,6 +106,11 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
             got, details["stream"] = http_stream.measure(ctx, url)
             rows += got
             serve.delete(http_stream.APP)
+        if s.http_part in ("all", "calls"):  # worker calls per HTTP request and serving CPU, route by route
+            _deploy(http_calls.APP, {**base, "num_workers": 1, "num_threads": s.threads})
+            got, details["calls"] = http_calls.measure(ctx, url)
+            rows += got
+            serve.delete(http_calls.APP)
         if s.http_part in ("all", "prompts"):
             _deploy("w1", {**base, "num_workers": 1, "num_threads": s.threads})
             _deploy("w2", {**base, "num_workers": 2, "num_threads": max(1, s.threads // 2)})

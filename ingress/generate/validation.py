@@ -1,4 +1,5 @@
-"""The contract's 400 rules, in the contract's order (first failure wins), and the body -> carrier step.
+"""The seed /generate dialect's parse: the body -> its canonical request (to_request), checked by the contract's 400
+rules on that request (ingress/canonical.py, in the contract's order: first failure wins).
 
 Pure functions of the body and the worker's ModelInfo: no I/O, so they are tested exactly and alone.
 The rules the engine checks too are the rulebook's (rulebook/rules.py), with its messages; rule 12 (sampling
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 
+from ingress.canonical import check_request
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, enforce
 from ingress.generate.schemas import GenerateBody
@@ -18,46 +20,16 @@ from protocol import GenerateRequest, ModelInfo, SamplingParams
 from protocol.sampling import split_token_ids
 from rulebook import rules
 
-# Modes in which input tokens can be scored: values come straight from the raw logits.
-SCORING_MODES = ("raw_logits", "raw_logprobs")
 
-
-def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None, with_generation: bool = False
-             ) -> None:
-    """Raise InvalidRequest with the first failing rule's message; return when the body is valid.
+def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None) -> None:
+    """Raise InvalidRequest with the first failing rule's message; return when the body is valid: the body's
+    canonical request against the contract's rules (ingress/canonical.py), image input at rule 7's place.
 
     `prompt_len` is the token count of a text prompt when the caller knows it. The seed route does not (its text
     is tokenized on the way to the worker, ingress/backend.py), so for a text prompt rule 11 is the engine's.
-    `with_generation`: input-token scoring may come with generated tokens (SGLang's dialect, ingress/sglang/); the
-    contract's rule 9.3 (scoring only) is the seed shape's.
     """
-    k = body.top_logprobs_num
-    # 1-3: logprob options.
-    if k is not None:
-        enforce(rules.negative_top_logprobs(k))
-    if k is not None and k > 0 and body.return_logprob is not True:
-        raise InvalidRequest(rules.TOP_K_NEEDS_LOGPROB)
-    enforce(rules.logprobs_disabled(body.return_logprob is True, info.logprobs_mode))
-    # 4-7: the prompt.
-    if (body.prompt is None) == (body.input_ids is None):
-        raise InvalidRequest(rules.ONE_PROMPT_FORM)
-    if body.prompt == "":
-        enforce(rules.empty_prompt(body.prompt))
-    if body.input_ids is not None:
-        enforce(rules.empty_ids(body.input_ids))
-    if body.image_data is not None:
-        raise InvalidRequest(rules.NO_IMAGES)
-    # 8-9: what to compute.
-    enforce(rules.negative_max_tokens(body.max_tokens))
-    _check_scoring(body, info, with_generation)
-    # 10-11: the prompt against the model.
-    enforce(rules.token_out_of_range(body.input_ids or (), info.vocab_size))
-    if isinstance(body.prompt, str):  # bounded and valid UTF-8 before it is tokenized
-        enforce(rules.untokenizable(body.prompt, info.max_model_len, info.prompt_chars_per_token))
-    n = len(body.input_ids) if body.input_ids is not None else prompt_len
-    if n is not None:
-        enforce(rules.context_too_long(n, body.max_tokens, info.max_model_len))
-    enforce(rules.sampling_violation(sampling_params(body), info.vocab_size))  # rule 12
+    enforce(rules.token_id_shapes_mixed(body.token_ids_logprob))
+    check_request(to_request(body), info, images=body.image_data is not None, prompt_len=prompt_len)
 
 
 def split_batch(body: GenerateBody) -> list[GenerateBody] | None:
@@ -94,28 +66,6 @@ def validate_batch(items: list[GenerateBody], info: ModelInfo) -> None:
             validate(item, info)
         except InvalidRequest as exc:
             raise InvalidRequest(rules.ITEM.format(i=i, message=exc.message)) from exc
-
-
-def _check_scoring(body: GenerateBody, info: ModelInfo, with_generation: bool = False) -> None:
-    """Rule 9: input-token scoring (logprob_start_len >= 0) is scoring only, over given ids."""
-    n = body.logprob_start_len
-    if n < 0:
-        enforce(rules.nothing_to_compute(body.max_tokens, scores_input=False))
-        # SGLang's dialect reports a flat token_ids_logprob at generated tokens too (output_token_ids_logprobs).
-        output_ids = with_generation and body.return_logprob is True and body.max_tokens > 0
-        enforce(rules.needs_input_scoring(body.input_logprob_temperature,
-                                          None if output_ids else body.token_ids_logprob))
-        return
-    if body.return_logprob is not True:
-        raise InvalidRequest(rules.START_NEEDS_LOGPROB)
-    if info.logprobs_mode not in SCORING_MODES:
-        raise InvalidRequest(rules.START_NEEDS_RAW_MODE)
-    if body.max_tokens != 0 and not with_generation:
-        raise InvalidRequest(rules.START_NEEDS_SCORING_ONLY)
-    if body.input_ids is None:
-        raise InvalidRequest(rules.START_NEEDS_IDS)
-    enforce(rules.start_past_end(n, len(body.input_ids)))
-    enforce(rules.token_id_rows(body.token_ids_logprob, n, len(body.input_ids)))
 
 
 def sampling_params(body: GenerateBody) -> SamplingParams:

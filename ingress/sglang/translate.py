@@ -1,11 +1,12 @@
-"""SGLang's /generate body -> one worker request per prompt (x n), through the seed's own rules.
+"""SGLang's /generate body -> one canonical request per prompt (x n), checked by the contract's rules.
 
 SGLang normalizes a body the way its GenerateReqInput.normalize_batch_and_arguments does: a single prompt or a batch
 (`text` list, `input_ids` list of lists), per-prompt or shared `sampling_params` and logprob fields, `n` samples
-per prompt (the batch repeated n times, in order). Each item then becomes the seed shape's body and is validated by
-the seed's rules (ingress/generate/validation.py) with one difference, SGLang's: input rows may come together with
-generated tokens. The boundary maps exactly: SGLang's entries are input_ids[s:] with entry 0 null, the seed's rows
-are input_ids[s+1:], so the engine is asked logprob_start_len = s; s = len - 1 scores no row (entry 0 only).
+per prompt (the batch repeated n times, in order). Each item becomes a canonical GenerateRequest (protocol/), checked
+by the rules every dialect's requests are (ingress/canonical.py) with one difference, SGLang's: input rows may come
+together with generated tokens. No other dialect's body shape is involved. The boundary maps exactly: SGLang's
+entries are input_ids[s:] with entry 0 null, the engine's rows are input_ids[s+1:], so the engine is asked
+logprob_start_len = s; s = len - 1 scores no row (entry 0 only).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ingress.canonical import check_request
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, enforce
-from ingress.generate.schemas import GenerateBody
-from ingress.generate.validation import to_request, validate
 from ingress.sglang.schemas import SGLangBody, SGLangSampling
-from protocol import GenerateRequest, ModelInfo
+from protocol import GenerateRequest, ModelInfo, SamplingParams
+from protocol.sampling import split_token_ids
 from rulebook import rules
 from rulebook import sglang as sg
 
@@ -192,18 +193,20 @@ async def _item(parsed: Parsed, i: int, prompt: Any, token_ids: Any, rid: str, i
     if token_ids and isinstance(token_ids[0], list) and max_new > 0:
         raise InvalidRequest(sg.TOKEN_IDS_ON_OUTPUT, param="token_ids_logprob")
     top_k = sp.top_k if sp.top_k is not None else -1
-    seed_body = GenerateBody.model_construct(
-        input_ids=ids, prompt=None, image_data=None, max_tokens=max_new, stream=False,
-        return_logprob=want or None, logprob_start_len=start if scored_rows > 0 else -1,
+    enforce(rules.token_id_shapes_mixed(token_ids))
+    flat_ids, row_ids = split_token_ids(token_ids if token_ids else None)
+    params = SamplingParams(
+        max_tokens=max_new, return_logprob=want, logprob_start_len=start if scored_rows > 0 else -1,
         top_logprobs_num=k, input_logprob_temperature=body.input_logprob_temperature,
-        token_ids_logprob=token_ids if token_ids else None,
+        token_ids_logprob=flat_ids, token_id_rows=row_ids,
         temperature=sp.temperature if sp.temperature is not None else 1.0,
         top_p=sp.top_p if sp.top_p is not None else 1.0,
         top_k=-1 if top_k >= info.vocab_size else top_k,  # SGLang's "whole vocabulary" is 1 << 30
         min_p=sp.min_p if sp.min_p is not None else 0.0, seed=sp.sampling_seed,
-        stop=sp.stop, stop_token_ids=sp.stop_token_ids, ignore_eos=bool(sp.ignore_eos),
-        skip_special_tokens=sp.skip_special_tokens is not False,
-        include_stop_str_in_output=bool(sp.no_stop_trim), rid=rid)
-    validate(seed_body, info, with_generation=True)
-    return Item(to_request(seed_body), start if want else -1, ids, want, k if want else 0,
-                bool(token_ids) and want, body.return_text_in_logprobs)
+        stop=[sp.stop] if isinstance(sp.stop, str) else list(sp.stop or []),
+        stop_token_ids=list(sp.stop_token_ids or []), ignore_eos=bool(sp.ignore_eos),
+        skip_special_tokens=sp.skip_special_tokens is not False, include_stop_str_in_output=bool(sp.no_stop_trim))
+    request = GenerateRequest(rid=rid, input_ids=ids, params=params)
+    check_request(request, info, with_generation=True)
+    return Item(request, start if want else -1, ids, want, k if want else 0, bool(token_ids) and want,
+                body.return_text_in_logprobs)
