@@ -4,8 +4,6 @@ bucket must leave every real row's values and tokens as they are without it, and
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -42,16 +40,9 @@ def _with_graphs(eng: LLMEngine) -> list[int]:
     return used
 
 
-def _triton_runs() -> bool:
-    from engine.layers.varlen_triton import available
-
-    return available() and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
-
-
 @pytest.mark.parametrize(("family", "kernel"), [
     ("llama", "reference"), ("qwen2", "reference"),
-    pytest.param("llama", "triton", marks=pytest.mark.skipif(not _triton_runs(), reason="needs triton, and CUDA "
-                                                                                        "or TRITON_INTERPRET=1"))])
+    ("llama", "triton")])
 def test_padded_decode_equals_unpadded_and_transformers(tiny_models, family: str, kernel: str) -> None:
     path = tiny_models[family]
     prompts = [rand_ids(n, seed=50 + n) for n in (3, 11, 26)]  # three requests: bucket 4, one padding row
@@ -60,7 +51,9 @@ def test_padded_decode_equals_unpadded_and_transformers(tiny_models, family: str
     eng = make_engine(path, attention_backend="varlen", max_num_seqs=8)
     if kernel == "triton":  # the static buffers (fixed table width, scratch block) through our kernel
         from engine.layers.varlen_triton import varlen_attention_triton
+        from tests.helpers.triton_device import kernel_device
 
+        kernel_device()
         eng.runner.backend.kernel = varlen_attention_triton
     used = _with_graphs(eng)
     padded = eng.generate(prompts, params, check=True)

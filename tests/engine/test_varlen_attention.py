@@ -5,8 +5,6 @@ chunks after a cached context, prefix hits, decodes, sliding windows, soft-cap, 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -140,20 +138,13 @@ def test_cuda_kernel_matches_reference(window: int | None) -> None:
     assert (got.float() - want.float()).abs().max().item() < 2e-2
 
 
-def _triton_runs() -> bool:
-    """The Triton kernel runs on CUDA, or on CPU in Triton's interpreter (TRITON_INTERPRET=1, triton installed)."""
-    from engine.layers.varlen_triton import available
-
-    return available() and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
-
-
-@pytest.mark.skipif(not _triton_runs(), reason="needs triton, and CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (3, None), (5, 2.0)])
 def test_triton_kernel_is_the_reference(case: str, window: int | None, softcap: float | None) -> None:
     from engine.layers.varlen_triton import varlen_attention_triton
+    from tests.helpers.triton_device import kernel_device
 
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = kernel_device()
     starts, lens = CASES[case]
     q, k, v, kc, vc, meta = _step(starts, lens)
     q, k, v, kc, vc = (t.to(dev) for t in (q, k, v, kc, vc))
@@ -166,12 +157,12 @@ def test_triton_kernel_is_the_reference(case: str, window: int | None, softcap: 
     assert (got - want).abs().max().item() < 1e-5  # float32: IEEE products, no TF32
 
 
-@pytest.mark.skipif(not _triton_runs(), reason="needs triton, and CUDA or TRITON_INTERPRET=1")
 def test_probe_accepts_the_triton_kernel_and_names_a_wrong_one() -> None:
     from engine.layers.varlen import probe
     from engine.layers.varlen_triton import varlen_attention_triton
+    from tests.helpers.triton_device import kernel_device
 
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = kernel_device()
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     assert probe(varlen_attention_triton, dev, dtype, BS, 16, softcap=True) is None
 
