@@ -64,8 +64,8 @@ def test_kernel_is_the_reference_at_model_shapes(layout: str, groups: int, dtype
 
 
 def test_tiles_by_shape() -> None:
-    """Decodes take the 16-row tile (a GQA 8 group is 8 rows: two requests' queries... one query per request, so
-    8 of 16 rows), more than 16 rows a request the prefill tile; wide heads a narrower key tile."""
+    """A step whose requests have at most 16 rows (new tokens x the padded group) takes the 16-row decode tile;
+    more rows, the 64-row prefill tile; heads wider than 128, a narrower key tile."""
     assert tiles_for(1, 8, 128) == ("decode", TILES["decode"])
     assert tiles_for(2, 8, 128)[0] == "decode" and tiles_for(3, 8, 128)[0] == "prefill"
     assert tiles_for(17, 1, 128)[0] == "prefill" and tiles_for(16, 1, 64)[0] == "decode"
