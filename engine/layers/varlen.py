@@ -116,16 +116,20 @@ def varlen_attention_cuda(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch
                        enable_gqa=q.shape[1] != k_pages.shape[2], seqused_k=seqused_k, block_table=block_table)
 
 
-def torch_varlen_missing() -> str | None:
-    """Why the running torch's varlen_attn cannot serve the contract; None when it can (arguments only)."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
-    params = inspect.signature(varlen_attn).parameters
+def torch_varlen_missing(fn: Any = None, version: str | None = None) -> str | None:
+    """Why the running torch's varlen_attn (or fn, a varlen_attn of torch `version`) cannot serve the contract;
+    None when it can (arguments only). torch 2.11's, the lent GPU image's, lacks block_table, seqused_k and
+    enable_gqa; 2.13's has all four."""
+    version = version or torch.__version__
+    if fn is None:
+        try:
+            from torch.nn.attention.varlen import varlen_attn as fn
+        except ImportError:
+            return f"torch {version} has no torch.nn.attention.varlen.varlen_attn"
+    params = inspect.signature(fn).parameters
     missing = [a for a in _NEEDED_ARGS if a not in params]
     if missing:
-        return f"torch {torch.__version__}'s varlen_attn lacks {', '.join(missing)}"
+        return f"torch {version}'s varlen_attn lacks {', '.join(missing)}"
     return None
 
 
