@@ -43,20 +43,20 @@ class Shared:
 
 def shared(run: Any) -> Shared:
     """The engine (attention_backend auto: a varlen CUDA kernel where one serves, with CUDA graphs) and
-    transformers' model, built once. The block size is 16 when a kernel takes such pages, else 256 (FlashAttention's
-    paged rule), so that the new path is the one measured; the reasons for both sizes are recorded."""
+    transformers' model, built once. The block size is the one that gets torch's flash kernel (16, else 256:
+    FlashAttention 2's paged rule), else 16 for the Triton kernel (engine/runner/attention_choice.py:
+    pick_block_size), so that the flash path is measured wherever it can serve; both sizes' reasons are recorded."""
     if "workloads" in run.cache:
         return run.cache["workloads"]
     from bench.lib.mfu import peak_matmul_flops
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
-    from engine.runner.attention_choice import cuda_kernel
+    from engine.runner.attention_choice import pick_block_size
 
     shape = {**LLAMA3_8B, **SMOKE} if run.smoke else dict(LLAMA3_8B)
     shape["num_hidden_layers"] = min(run.layers_8b, shape["num_hidden_layers"])
     head_dim = shape["hidden_size"] // shape["num_attention_heads"]
-    kernels = {bs: cuda_kernel(run.device, torch.bfloat16, bs, head_dim, False) for bs in (16, 256)}
-    block_size = 16 if kernels[16][0] is not None or kernels[256][0] is None else 256
+    block_size, kernels = pick_block_size(run.device, torch.bfloat16, head_dim, False)
     root = scratch(run.tmp, shape)
     atexit.register(shutil.rmtree, root, True)
     folder = root / "llama3-8b-shaped-workloads"
@@ -72,8 +72,7 @@ def shared(run: Any) -> Shared:
     s.figures["block_size"] = block_size
     run.cache["workloads"] = s
     run.cache["workloads_setup"] = {
-        "block_size": block_size, **{f"kernel_{bs}": (k.__name__ if k else None, why) for bs, (k, why) in
-                                     kernels.items()},
+        "block_size": block_size, **{f"kernel_{bs}": found for bs, found in kernels.items()},
         "backend": type(engine.runner.backend).__name__, "graphs": engine.runner.graphs is not None,
         "kernel": getattr(getattr(engine.runner.backend, "kernel", None), "__name__", None),
         "score_rows": engine.runner.score_rows, "peak_bf16_tflops": peak["flops"] / 1e12, "layers": shape[

@@ -84,13 +84,21 @@ def test_steps_that_do_not_fit_run_without_the_buckets(tiny_models) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph capture")
 def test_cuda_graphs_same_tokens_as_eager(tiny_models) -> None:
+    """On a GPU a CUDA varlen kernel must serve (flash with the pages it takes, else Triton) and the graphs must
+    capture: a probe or capture failure fails here rather than skipping."""
+    from engine.layers.attention import VarlenPagedAttention
+    from engine.layers.varlen import varlen_attention_reference
+    from engine.runner.attention_choice import pick_block_size
+
     path = tiny_models["llama"]
     prompts = [rand_ids(n, seed=n) for n in (3, 11, 26)]
-    cfg = dict(device="cuda", dtype="bfloat16", block_size=16, attention_backend="auto", max_num_seqs=8)
+    block_size, kernels = pick_block_size(torch.device("cuda"), torch.bfloat16, 16, False)
+    cfg = dict(device="cuda", dtype="bfloat16", block_size=block_size, attention_backend="auto", max_num_seqs=8)
     eager = make_engine(path, cuda_graphs=False, **cfg)
     graphed = make_engine(path, cuda_graphs=True, **cfg)
-    if graphed.runner.graphs is None:
-        pytest.skip("the varlen kernel or the capture is unavailable here (logged by the engine)")
+    backend = graphed.runner.backend
+    assert isinstance(backend, VarlenPagedAttention) and backend.kernel is not varlen_attention_reference, kernels
+    assert graphed.runner.graphs is not None, "decode CUDA graphs failed to capture (see the engine's log)"
     assert graphed.runner.graphs.graphs and eager.runner.graphs is None
     a = eager.generate(prompts, greedy(8))
     b = graphed.generate(prompts, greedy(8))
