@@ -5,7 +5,9 @@ One function contract, two implementations with the same arguments:
 - `varlen_attention_reference`: pure torch, runs anywhere; the CPU tests check the contract's inputs through it
   against today's path and transformers.
 - `varlen_attention_cuda`: torch's own flash kernel (`varlen_attn`), when the running torch has the arguments
-  (`block_table`, `seqused_k`, `window_size`, `enable_gqa`); `kernel_blocker` says why not otherwise.
+  (`block_table`, `seqused_k`, `window_size`, `enable_gqa`: torch 2.13 has them, 2.11 lacks the paged three) and
+  the pages suit it (its paged mode is FlashAttention 2's: a page size that is a multiple of 256);
+  `kernel_blocker` says why not otherwise. engine/layers/varlen_triton.py serves the same contract in Triton.
 
 Alignment: sequence i has q_i = cu_seqlens_q[i+1] - cu_seqlens_q[i] new queries at the end of its k_i =
 seqused_k[i] keys (causal "bottom-right", FlashAttention's rule when q_i < k_i): query j sits at position
