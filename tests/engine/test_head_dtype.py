@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.loading.weight_update import apply_weights, stage_weights
 from engine.parallel.local import run_local
 from engine.sampling_params import SamplingParams
 from rulebook.pooling import pooled_position
@@ -119,6 +120,19 @@ def test_cached_rows_by_the_shortcut_and_token_ids(half: dict[str, Path]) -> Non
         if round_:
             assert out.cached_tokens >= 32
     assert eng.stats().prefix_cache_hit_tokens > 0
+
+
+def test_a_weight_update_is_projected_at_once(half: dict[str, Path], tmp_path: Path) -> None:
+    """No float32 copy of the head is kept, so none goes stale: after an update the upcast head is the new one
+    (tied: the new embedding)."""
+    path = half["llama-tied"]
+    second = _halve(build_tiny_model(tmp_path / "second", "llama", tie=True, seed=5))
+    eng = make_engine(path, dtype="bfloat16", head_dtype="float32", enable_prefix_cache=True)
+    ids = rand_ids(21, 6)
+    eng.generate([ids], [scoring(0)], check=True)
+    apply_weights(eng, stage_weights(eng, str(second)), "v2")
+    out = eng.generate([ids], [scoring(0)], check=True)[0]
+    assert _check_rows(out.input_token_logprobs, reference(second, ids, "bfloat16", True), ids, 0) <= ATOL
 
 
 @pytest.mark.parametrize(("name", "dtype"), [("gemma2", "bfloat16"), ("llama", "float16")])
