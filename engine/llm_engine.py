@@ -53,7 +53,8 @@ class LLMEngine:
             self.parallel = TensorParallel(self.model, group)
         else:
             self.device = resolve_device(config.device)
-            self.model, self.hf_config = load_model(self.model_path, config.dtype, self.device)
+            self.model, self.hf_config = load_model(self.model_path, config.dtype, self.device,
+                                                     config.float32_head)
         self.tokenizer = load_tokenizer(self.model_path)
         self.eos_ids = eos_token_ids(self.model_path, self.hf_config, self.tokenizer)
         self.vocab_size: int = self.hf_config.vocab_size

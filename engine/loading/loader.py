@@ -39,8 +39,9 @@ def load_config(path: Path) -> Any:
     return AutoConfig.from_pretrained(path)
 
 
-def load_model(path: str | Path, dtype: str, device: torch.device) -> tuple[LlamaForCausalLM, Any]:
-    """Returns (model in eval mode on `device`, its transformers config)."""
+def load_model(path: str | Path, dtype: str, device: torch.device, float32_head: bool = False
+               ) -> tuple[LlamaForCausalLM, Any]:
+    """Returns (model in eval mode on `device`, its transformers config). float32_head: EngineConfig's."""
     path = Path(path)
     exact_float32(device, dtype)
     cfg = load_config(path)
@@ -69,6 +70,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device) -> tuple[Llam
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
+    model.float32_head = float32_head
     model.fuse_projections()
     model.rope_to(device)
     model.eval()

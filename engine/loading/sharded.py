@@ -22,7 +22,7 @@ def load_sharded(config: EngineConfig, group: TPGroup) -> tuple[LlamaForCausalLM
         raise ValueError(f"the process group has {group.size} ranks but tensor_parallel_size is "
                          f"{config.tensor_parallel_size}")
     model, hf_config = load_model(resolve_model_path(config.model, config.cache_dir), config.dtype,
-                                  torch.device("cpu"))
+                                  torch.device("cpu"), config.float32_head)
     shard_model(model, group)
     model.to(group.device)
     model.rope_to(group.device)
