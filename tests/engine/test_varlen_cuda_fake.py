@@ -70,7 +70,7 @@ def test_pinned_torch_has_the_four_arguments() -> None:
 
 
 def test_torch_211_signature_names_what_is_missing() -> None:
-    """torch 2.11.0's varlen_attn (torch/nn/attention/varlen.py of that release), its signature only."""
+    """torch 2.11.0's varlen_attn (torch.nn.attention.varlen of that release), its signature only."""
 
     def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,  # noqa: ANN001, ANN202
                     scale=None, window_size=(-1, -1)):
