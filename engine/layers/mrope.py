@@ -1,6 +1,7 @@
 """Multimodal rotary positions (M-RoPE, Qwen2-VL's family): each token has three positions (time, height, width)
 and each frequency of the head turns by one of them. Qwen2.5-VL gives each axis a contiguous run of frequencies
-(`mrope_section`); Qwen3-VL interleaves them (`mrope_interleaved`: T H W T H W ..., the rest T). A text token has
+(`mrope_section`); Qwen3-VL interleaves them (T H W T H W ..., the rest T), whatever its config's
+`mrope_interleaved` says, as transformers does. A text token has
 the same position on all three axes, which is plain RoPE."""
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from engine.layers.rotary import FamilyRotaryEmbedding
 
 
 class MRotaryEmbedding(FamilyRotaryEmbedding):
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, interleaved: bool) -> None:
         super().__init__(cfg)
         self.section = [int(s) for s in self.params["mrope_section"]]
-        self.interleaved = bool(self.params.get("mrope_interleaved", False))
+        self.interleaved = interleaved
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [3, T] (time, height, width) -> cos, sin: [T, D], as transformers recomposes them."""

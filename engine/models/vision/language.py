@@ -49,9 +49,11 @@ class VisionLanguage(nn.Module):
         return name
 
     multimodal = True
+    # Qwen3-VL's M-RoPE interleaves the axes' frequencies; Qwen2.5-VL's gives each a contiguous run.
+    mrope_interleaved = False
 
     def make_ropes(self, cfg: Any) -> list[RotaryEmbedding]:
-        return [MRotaryEmbedding(cfg)]
+        return [MRotaryEmbedding(cfg, self.mrope_interleaved)]
 
     def position_limit(self) -> int | None:
         return None
