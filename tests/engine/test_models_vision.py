@@ -17,7 +17,7 @@ from engine.llm_engine import RequestError
 from engine.multimodal.image_input import ImageInput
 from tests.helpers.engine import greedy, make_engine, scoring
 from tests.helpers.reference import hf_scores
-from tests.helpers.tiny_vision import build_tiny_vlm, expand, image_input, test_image, text_ids
+from tests.helpers.tiny_vision import build_tiny_vlm, expand, image_input, random_image, text_ids
 from tests.helpers.vision_reference import vl_generate, vl_scores
 
 ATOL = 1e-4
@@ -33,7 +33,7 @@ def vlm_path(family: str) -> Path:
 
 def _prompt(family: str, sizes: tuple[tuple[int, int], ...], at: list[int], seed: int = 0,
             length: int = 20) -> tuple[list[int], list[ImageInput]]:
-    images = [image_input(family, test_image(w, h, seed + i)) for i, (w, h) in enumerate(sizes)]
+    images = [image_input(family, random_image(w, h, seed + i)) for i, (w, h) in enumerate(sizes)]
     return expand(text_ids(length, seed), images, at), images
 
 
@@ -51,7 +51,7 @@ def test_scoring_one_image_unchunked(family: str) -> None:
     assert _diff(out.input_token_logprobs, ids, 0, vl_scores(path, ids, images, 0)) <= ATOL
     assert eng.runner.vision is not None and eng.runner.vision.tower_runs == 1
     # The image is seen: another image behind the same placeholder ids scores differently.
-    other = [image_input(family, test_image(150, 100, 99))]
+    other = [image_input(family, random_image(150, 100, 99))]
     assert _diff(out.input_token_logprobs, ids, 0, vl_scores(path, ids, other, 0)) > 1e-3
 
 

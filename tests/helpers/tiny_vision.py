@@ -68,7 +68,7 @@ def processor(family: str) -> Qwen2VLImageProcessorPil:
                                     max_pixels=unit * 64)
 
 
-def test_image(width: int, height: int, seed: int) -> Image.Image:
+def random_image(width: int, height: int, seed: int) -> Image.Image:
     rng = np.random.default_rng(seed)
     return Image.fromarray((rng.random((height, width, 3)) * 255).astype("uint8"))
 
