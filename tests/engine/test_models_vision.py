@@ -111,3 +111,25 @@ def test_text_model_refuses_images(tmp_path: Path) -> None:
     with pytest.raises(RequestError, match="takes no images"):
         eng.add_request("a", ids, scoring(0), images=images)
     assert hf_scores  # the text families' reference stays importable beside the VL one
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prefix_cache_keys_images(family: str) -> None:
+    """Prefix cache on: a second image behind the same placeholder ids shares only the blocks before its run (and
+    scores its own image exactly); the same image again is served from the cache with no tower run."""
+    path = vlm_path(family)
+    ids, first = _prompt(family, ((150, 100),), [9], seed=4)
+    other = [image_input(family, random_image(150, 100, 77))]
+    eng = make_engine(path, max_num_batched_tokens=16, enable_prefix_cache=True)
+    vision = eng.runner.vision
+    assert vision is not None
+    runs = []
+    for images in (first, other, first):
+        hits = eng.kv.stats.hit_tokens
+        out = eng.generate([ids], scoring(0), check=True, images=[images])[0]
+        assert _diff(out.input_token_logprobs, ids, 0, vl_scores(path, ids, images, 0)) <= ATOL
+        runs.append((eng.kv.stats.hit_tokens - hits, vision.tower_runs))
+    block = eng.config.block_size
+    assert runs[0] == (0, 1)
+    assert runs[1] == (10 // block * block, 2)  # the blocks before the run (vision_start sits at index 9)
+    assert runs[2][1] == 2 and runs[2][0] > 9 + first[0].num_tokens  # past the whole run: no tower
