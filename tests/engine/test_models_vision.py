@@ -5,6 +5,7 @@ tower run once per image per request, and text-only requests beside image reques
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import shutil
 import tempfile
@@ -13,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from engine.async_engine import AsyncEngine
 from engine.llm_engine import RequestError
 from engine.multimodal.image_input import ImageInput
+from engine.outputs import RequestOutput, merge_outputs
 from tests.helpers.engine import greedy, make_engine, scoring
 from tests.helpers.reference import hf_scores
 from tests.helpers.tiny_vision import build_tiny_vlm, expand, image_input, random_image, text_ids
@@ -133,3 +136,32 @@ def test_prefix_cache_keys_images(family: str) -> None:
     assert runs[0] == (0, 1)
     assert runs[1] == (10 // block * block, 2)  # the blocks before the run (vision_start sits at index 9)
     assert runs[2][1] == 2 and runs[2][0] > 9 + first[0].num_tokens  # past the whole run: no tower
+
+
+async def test_async_engine_carries_images() -> None:
+    """The worker's API: an image request and a text request streamed at once, each row as transformers."""
+    path = vlm_path("qwen2_5_vl")
+    ids, images = _prompt("qwen2_5_vl", ((150, 100),), [6], seed=6)
+    text = text_ids(18, seed=7)
+    eng = AsyncEngine(engine=make_engine(path, max_num_batched_tokens=8))
+    try:
+        async def run(rid: str, prompt: list[int], imgs: list[ImageInput] | None) -> RequestOutput:
+            return merge_outputs([o async for o in eng.generate(rid, prompt, scoring(0), images=imgs)])
+        with_image, plain = await asyncio.gather(run("img", ids, images), run("txt", text, None))
+    finally:
+        eng.shutdown()
+    assert _diff(with_image.input_token_logprobs, ids, 0, vl_scores(path, ids, images, 0)) <= ATOL
+    assert _diff(plain.input_token_logprobs, text, 0, vl_scores(path, text, [], 0)) <= ATOL
+
+
+def test_preempted_image_requests_keep_their_tower_output() -> None:
+    """A KV pool too small for both requests: one is preempted and recomputed; its tokens still equal generate, and
+    its image is not put through the tower again."""
+    path = vlm_path("qwen2_5_vl")
+    prompts = [_prompt("qwen2_5_vl", ((150, 100),), [5], seed=s, length=20) for s in (8, 9)]
+    eng = make_engine(path, max_num_batched_tokens=16, num_kv_blocks=16)
+    outs = eng.generate([ids for ids, _ in prompts], greedy(8), check=True, images=[im for _, im in prompts])
+    assert eng.scheduler.num_preemptions > 0
+    assert eng.runner.vision is not None and eng.runner.vision.tower_runs == 2
+    for (ids, images), out in zip(prompts, outs, strict=True):
+        assert out.new_token_ids == vl_generate(path, ids, images, 8)
