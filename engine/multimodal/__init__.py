@@ -1,5 +1,2 @@
-"""Images in the engine: the request's image inputs, their M-RoPE positions and each request's vision state."""
-
-from engine.multimodal.image_input import ImageInput
-
-__all__ = ["ImageInput"]
+"""Images in the engine: the request's image inputs, their placeholder runs, M-RoPE positions and each request's
+vision state."""

@@ -11,7 +11,7 @@ import torch
 MERGE = 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by digest, never by the tensor
 class ImageInput:
     """The image processor's output for one image (transformers' Qwen2VLImageProcessor: `pixel_values` rows of
     one image, its `image_grid_thw`) and a digest of the patches, which keys the prefix cache: two images behind

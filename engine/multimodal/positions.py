@@ -7,38 +7,10 @@ how generated tokens get their positions (transformers' rope_deltas)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from engine.multimodal.image_input import ImageInput
-
-
-@dataclass(frozen=True)
-class ImageSpan:
-    """Where an image's placeholder run sits in the prompt: token indices start .. start + length - 1."""
-
-    start: int
-    length: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.length
-
-
-def placeholder_spans(token_ids: list[int], image_token_id: int) -> list[ImageSpan]:
-    """The maximal runs of the image placeholder id, in order."""
-    spans: list[ImageSpan] = []
-    run = -1
-    for i, tok in enumerate(token_ids):
-        if tok == image_token_id and run < 0:
-            run = i
-        elif tok != image_token_id and run >= 0:
-            spans.append(ImageSpan(run, i - run))
-            run = -1
-    if run >= 0:
-        spans.append(ImageSpan(run, len(token_ids) - run))
-    return spans
+from engine.multimodal.placeholders import ImageSpan
 
 
 def mrope_positions(num_tokens: int, images: list[ImageInput], spans: list[ImageSpan]) -> tuple[torch.Tensor, int]:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.multimodal.image_input import ImageInput
-from engine.multimodal.positions import ImageSpan, mrope_positions, placeholder_spans
+from engine.multimodal.placeholders import ImageSpan, image_spans
+from engine.multimodal.positions import mrope_positions
 
 
 @dataclass
@@ -25,10 +26,7 @@ class RequestImages:
     def __init__(self, token_ids: list[int], images: list[ImageInput], image_token_id: int) -> None:
         """Raises ValueError when the placeholder runs of token_ids do not match the images, one run per image of
         its num_tokens (the message names the counts)."""
-        spans = placeholder_spans(token_ids, image_token_id)
-        if len(spans) != len(images):
-            raise ValueError(f"the prompt has {len(spans)} image placeholder runs (token id {image_token_id}) "
-                             f"for {len(images)} images")
+        spans = image_spans(token_ids, images, image_token_id)
         for i, (span, image) in enumerate(zip(spans, images, strict=True)):
             if span.length != image.num_tokens:
                 raise ValueError(f"image {i}'s placeholder run has {span.length} tokens; its grid_thw "

@@ -17,10 +17,20 @@ import pytest
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import RequestError
 from engine.multimodal.image_input import ImageInput
+from engine.multimodal.placeholders import expand_placeholders
 from engine.outputs import RequestOutput, merge_outputs
 from tests.helpers.engine import greedy, make_engine, scoring
 from tests.helpers.reference import hf_scores
-from tests.helpers.tiny_vision import build_tiny_vlm, expand, image_input, random_image, text_ids
+from tests.helpers.tiny_vision import (
+    IMAGE_TOKEN,
+    VISION_END,
+    VISION_START,
+    build_tiny_vlm,
+    expand,
+    image_input,
+    random_image,
+    text_ids,
+)
 from tests.helpers.vision_reference import vl_generate, vl_scores
 
 ATOL = 1e-4
@@ -165,3 +175,20 @@ def test_preempted_image_requests_keep_their_tower_output() -> None:
     assert eng.runner.vision is not None and eng.runner.vision.tower_runs == 2
     for (ids, images), out in zip(prompts, outs, strict=True):
         assert out.new_token_ids == vl_generate(path, ids, images, 8)
+
+
+def test_expand_placeholders_then_score() -> None:
+    """A template's one placeholder per image, expanded to each image's run: the ids the engine scores."""
+    family = "qwen2_5_vl"
+    path = vlm_path(family)
+    ids, images = _prompt(family, ((150, 100), (100, 130)), [4, 15], seed=1)
+    short = text_ids(20, 1)
+    short = short[:4] + [VISION_START, IMAGE_TOKEN, VISION_END] + short[4:15] + [VISION_START, IMAGE_TOKEN,
+                                                                               VISION_END] + short[15:]
+    assert expand_placeholders(short, images, IMAGE_TOKEN) == ids
+    assert expand_placeholders(ids, images, IMAGE_TOKEN) == ids  # runs already expanded stay as they are
+    with pytest.raises(ValueError, match="2 image placeholder runs .* for 1 images"):
+        expand_placeholders(short, images[:1], IMAGE_TOKEN)
+    eng = make_engine(path)
+    out = eng.generate([expand_placeholders(short, images, IMAGE_TOKEN)], scoring(0), images=[images])[0]
+    assert _diff(out.input_token_logprobs, ids, 0, vl_scores(path, ids, images, 0)) <= ATOL

@@ -16,7 +16,7 @@ from transformers import (
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from engine.multimodal import ImageInput
+from engine.multimodal.image_input import ImageInput
 from tests.helpers.tiny_models import VOCAB, _tokenizer
 
 # The placeholder ids sit at the top of the tiny vocabulary (the BPE tokenizer never produces them).
