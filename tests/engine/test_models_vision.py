@@ -192,3 +192,23 @@ def test_expand_placeholders_then_score() -> None:
     eng = make_engine(path)
     out = eng.generate([expand_placeholders(short, images, IMAGE_TOKEN)], scoring(0), images=[images])[0]
     assert _diff(out.input_token_logprobs, ids, 0, vl_scores(path, ids, images, 0)) <= ATOL
+
+
+def test_prefix_hit_ending_inside_an_image() -> None:
+    """The cached blocks of a shorter prompt end inside the image's run: the longer prompt starts its prefill there
+    (its tower runs for the rest of the run) and every row is still transformers'."""
+    family = "qwen2_5_vl"
+    path = vlm_path(family)
+    ids, images = _prompt(family, ((150, 100),), [5], seed=10)
+    run_end = 6 + images[0].num_tokens  # vision_start at 5, then the run
+    block = 4
+    head = ids[:run_end + 1]  # through vision_end
+    boundary = len(head) // block * block
+    assert 6 < boundary < run_end, "the shorter prompt's last full block must end inside the run"
+    eng = make_engine(path, block_size=block, max_num_batched_tokens=16, enable_prefix_cache=True)
+    eng.generate([head], scoring(0), check=True, images=[images])
+    hits = eng.kv.stats.hit_tokens
+    out = eng.generate([ids], scoring(0), check=True, images=[images])[0]
+    assert eng.kv.stats.hit_tokens - hits == boundary
+    assert eng.runner.vision is not None and eng.runner.vision.tower_runs == 2
+    assert _diff(out.input_token_logprobs, ids, 0, vl_scores(path, ids, images, 0)) <= ATOL
