@@ -212,3 +212,12 @@ def test_prefix_hit_ending_inside_an_image() -> None:
     assert eng.kv.stats.hit_tokens - hits == boundary
     assert eng.runner.vision is not None and eng.runner.vision.tower_runs == 2
     assert _diff(out.input_token_logprobs, ids, 0, vl_scores(path, ids, images, 0)) <= ATOL
+
+
+def test_tied_embeddings_by_the_outer_config(tmp_path: Path) -> None:
+    """transformers ties the LM head to the embeddings by the outer config's tie_word_embeddings (the checkpoint
+    then holds no lm_head.weight): the engine loads and scores it the same."""
+    path = build_tiny_vlm(tmp_path / "tied", "qwen3_vl", seed=5, tie=True)
+    ids, images = _prompt("qwen3_vl", ((150, 100),), [7])
+    out = make_engine(path, max_num_batched_tokens=8).generate([ids], scoring(0), images=[images])[0]
+    assert _diff(out.input_token_logprobs, ids, 0, vl_scores(path, ids, images, 0)) <= ATOL

@@ -29,7 +29,7 @@ _IDS = dict(image_token_id=IMAGE_TOKEN, video_token_id=VIDEO_TOKEN, vision_start
 PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16}
 
 
-def build_tiny_vlm(folder: Path, family: str, seed: int = 0) -> Path:
+def build_tiny_vlm(folder: Path, family: str, seed: int = 0, tie: bool = False) -> Path:
     """Writes config.json + model.safetensors + tokenizer into folder; returns folder. Qwen2.5-VL's window (56
     pixels: 2 x 2 merged tokens) is smaller than the test images, so window and full attention blocks differ."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -41,7 +41,7 @@ def build_tiny_vlm(folder: Path, family: str, seed: int = 0) -> Path:
                       temporal_patch_size=2, window_size=56, out_hidden_size=64, fullatt_block_indexes=[1])
         text = dict(_TEXT, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                             "mrope_section": [2, 3, 3]})
-        cfg = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **_IDS)
+        cfg = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie, **_IDS)
         model = Qwen2_5_VLForConditionalGeneration(cfg)
     elif family == "qwen3_vl":
         vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
@@ -49,7 +49,7 @@ def build_tiny_vlm(folder: Path, family: str, seed: int = 0) -> Path:
                       deepstack_visual_indexes=[0, 1])
         text = dict(_TEXT, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                          "mrope_section": [2, 3, 3], "mrope_interleaved": True})
-        cfg = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **_IDS)
+        cfg = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie, **_IDS)
         model = Qwen3VLForConditionalGeneration(cfg)
     else:
         raise ValueError(family)

@@ -40,6 +40,8 @@ class VisionLanguage(nn.Module):
         self.vl_config = cfg
         super().__init__(cfg.get_text_config())  # type: ignore[call-arg]  # the text family's __init__
         self.image_token_id = int(cfg.image_token_id)
+        # transformers ties by the outer config (its own BC moves a pre-v5 text_config's flag there).
+        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
 
     @classmethod
     def checkpoint_name(cls, name: str) -> str:
