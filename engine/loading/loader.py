@@ -56,9 +56,10 @@ def load_model(path: str | Path, dtype: str, device: torch.device, float32_head:
     state: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for stored in f.keys():
+                name = cls.checkpoint_name(stored)
                 if name in wanted and not (tied and name == "lm_head.weight"):
-                    state[name] = f.get_tensor(name).to(device=device, dtype=DTYPES[dtype])
+                    state[name] = f.get_tensor(stored).to(device=device, dtype=DTYPES[dtype])
     missing = [n for n in wanted if n not in state and not (tied and n == "lm_head.weight")]
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""

@@ -147,6 +147,13 @@ class LlamaForCausalLM(nn.Module):
 
     # Family hooks: a subclass overrides these rather than the forward.
     norm_cls: type[nn.Module] = RMSNorm
+    # Takes images (engine/models/vision/language.py): [3, T] M-RoPE positions and a step's image rows.
+    multimodal = False
+
+    @classmethod
+    def checkpoint_name(cls, name: str) -> str:
+        """This model's parameter name for a checkpoint's (the same, but where a family's layout nests them)."""
+        return name
 
     def make_layer(self, cfg: Any, i: int) -> DecoderLayer:
         """Layer i, with the checkpoint's parameter names under model.layers.i."""
