@@ -11,7 +11,8 @@
 Tools, by folder (bench/lib/ holds the harness, timing and reports; bench/workloads/ the five workloads):
   features/    limits (the largest request's cost), weight_update (a weight update's cost), long_prefill (a short
                request during a long prefill), families (Qwen3-/MoE-shaped weights vs transformers), tp (tensor
-               parallelism's per-step cost), score_memory (a scoring chunk's peak bytes per logit on CPU)
+               parallelism's per-step cost), score_memory (a scoring chunk's peak bytes per logit on CPU),
+               head_dtype (a float32 LM head's time and memory against the bfloat16 head)
   device/      cuda_check (the prepared GPU run: float32 exactness, 8B bf16 MFU; --cpu-smoke on CPU)
   serving/     reliability (flood, kill, drain, abandon against a server), offline (rayscore-batch vs a loop),
                lm_eval_compare (lm-eval through rayscore vs its hf backend), prefix_routing (cache-aware routing)
@@ -79,7 +80,7 @@ _TOOLS = {
     "limits": "bench.features.limits", "weight_update": "bench.features.weight_update",
     "long_prefill": "bench.features.long_prefill", "families": "bench.features.families", "tp": "bench.features.tp",
     "lora": "bench.features.lora", "classify": "bench.features.classify",
-    "score_memory": "bench.features.score_memory",
+    "score_memory": "bench.features.score_memory", "head_dtype": "bench.features.head_dtype",
     "cuda_check": "bench.device.cuda_check",
     "reliability": "bench.serving.reliability", "offline": "bench.serving.offline",
     "lm_eval_compare": "bench.serving.lm_eval_compare", "prefix_routing": "bench.serving.prefix_routing",

@@ -23,6 +23,7 @@ from engine.config import EngineConfig
 from engine.core.admission import OVERLOADED, AdmissionQueue
 from engine.core.pause import PauseState
 from engine.llm_engine import LLMEngine, RequestError
+from engine.multimodal.image_input import ImageInput
 from engine.stats import ServingStats
 from protocol.control import FlushCache, GenerationControl, Pause, Resume
 from protocol.outputs import FinishReason, RequestOutput
@@ -75,11 +76,12 @@ class AsyncEngine:
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                        convert: Callable[[RequestOutput], Any] | None = None, group: str | None = None,
-                       shared_tokens: int = 0) -> AsyncIterator[Any]:
+                       shared_tokens: int = 0, images: list[ImageInput] | None = None) -> AsyncIterator[Any]:
         """Yields the request's deltas, each through `convert` (default: the engine's) in the engine thread; the
         last has finished=True. Closing or cancelling the iterator early aborts the request and frees its KV
         blocks. Over the queue bounds, the one delta is a 503-coded error and nothing is queued. `group` and
-        `shared_tokens`: admitted with the other requests of its group (admission.py)."""
+        `shared_tokens`: admitted with the other requests of its group (admission.py). `images`: as
+        LLMEngine.add_request takes them."""
         convert = convert or self._convert
         if not self.is_alive:
             raise RuntimeError(f"engine loop is not running: {self.error!r}")
@@ -98,7 +100,7 @@ class AsyncEngine:
             yield convert(RequestOutput(request_id, finished=True, prompt_tokens=len(prompt_token_ids),
                                         finish_reason=error))
             return
-        self._commands.put(AddRequest(request_id, prompt_token_ids, params))
+        self._commands.put(AddRequest(request_id, prompt_token_ids, params, images))
         self._wake.set()
         finished = False
         try:
@@ -245,7 +247,7 @@ class AsyncEngine:
 
     def _add(self, cmd: AddRequest) -> None:
         try:
-            self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params)
+            self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.images)
         except RequestError as e:
             self._deliver(RequestOutput(cmd.request_id, finished=True, prompt_tokens=len(cmd.prompt_token_ids),
                                         finish_reason=FinishReason("error", message=str(e), code=400)))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import get_args
 
-from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.config import DEFAULT_MODEL, EngineConfig, HeadDType
 from engine.loading.default_model import resolve_model_path
 
 
@@ -21,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ids", type=int, nargs="+", help="token ids to score")
     ap.add_argument("--start", type=int, default=0, help="logprob_start_len N: rows N .. L-2 are scored")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--head-dtype", default="model", choices=get_args(HeadDType),
+                    help="float32: the final norm's output and the LM head upcast (EngineConfig.head_dtype)")
     ap.add_argument("--prepare", action="store_true", help="only make sure the model is converted and cached")
     args = ap.parse_args(argv)
     if args.prepare:
@@ -32,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine.llm_engine import LLMEngine
     from protocol.sampling import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_bytes=256 * 2**20))
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, head_dtype=args.head_dtype,
+                                    kv_cache_bytes=256 * 2**20))
     ids = args.ids if args.ids is not None else engine.tokenizer.encode(args.text, add_special_tokens=False)
     if len(ids) < args.start + 2:
         print(f"need at least {args.start + 2} tokens to score from position {args.start}", file=sys.stderr)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from engine.multimodal.image_input import ImageInput
 from protocol.control import GenerationControl
 from protocol.sampling import SamplingParams
 
@@ -24,6 +25,8 @@ class AddRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    # The request's images, in prompt order (a vision-language model; None: text only).
+    images: list[ImageInput] | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from rulebook.limits import MAX_LOGPROB_ENTRIES, MAX_TOP_LOGPROBS
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "none"]
 DType = Literal["float32", "bfloat16", "float16"]
 AttentionChoice = Literal["auto", "torch", "varlen"]
+HeadDType = Literal["model", "float32"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 # Scoring chunk rows where none is derived (CPU, batch-invariant mode): engine/runner/score_chunks.py.
@@ -40,6 +41,13 @@ class EngineConfig:
     model: str = _doc(DEFAULT_MODEL, "A Hugging Face checkpoint folder on every node, or "
                       f"'{DEFAULT_MODEL}' for the embedded default model (converted once into cache_dir).")
     dtype: DType = _doc("float32", "Weights and activations. float32 gives exact logprobs; bfloat16 is the GPU norm.")
+    # vLLM's `hf_overrides={"head_dtype": "float32"}`, SGLang's --enable-fp32-lm-head: the final norm runs in the
+    # model dtype and its output is upcast, then the head's weight (engine/layers/linear.py's float32_linear).
+    head_dtype: HeadDType = _doc("model", "The final norm's output and the LM head (or a classifier's score head): "
+                                 "'model' computes them in dtype; 'float32' upcasts the norm's output and the "
+                                 "head's weight and projects in float32, as vLLM's head_dtype and SGLang's fp32 LM "
+                                 "head do (a bfloat16 head moves low-probability tokens' logprobs by whole nats). "
+                                 "No effect with dtype float32.")
     device: str = _doc("auto", "'auto' (CUDA when the replica sees a GPU, else CPU), 'cpu' or 'cuda'.")
     block_size: int = _doc(16, "Tokens per KV-cache block.")
     kv_cache_bytes: int = _doc(512 * 1024 * 1024, "KV-cache budget, bytes (K and V of all layers).")
@@ -148,6 +156,11 @@ class EngineConfig:
                 raise ValueError(f"{name} must be positive when set, got {value}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.head_dtype not in ("model", "float32"):
+            raise ValueError(f"head_dtype must be model or float32, got {self.head_dtype!r}")
+        if self.float32_head and self.batch_invariant:
+            raise ValueError("head_dtype float32 is not available with batch_invariant and a bfloat16/float16 dtype: "
+                             "the mode's checked matmul tiles are the model dtype's")
         if self.attention_backend not in ("auto", "torch", "varlen"):
             raise ValueError(f"attention_backend must be auto, torch or varlen, got {self.attention_backend!r}")
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs", "raw_logits", "none"):
@@ -177,3 +190,8 @@ class EngineConfig:
         """What the scoring rows hold: processed_logprobs scores as raw_logprobs (its temperature is the request's,
         given per row), so the scorer and the vocab-parallel head know three modes only."""
         return "raw_logprobs" if self.logprobs_mode == "processed_logprobs" else self.logprobs_mode
+
+    @property
+    def float32_head(self) -> bool:
+        """Whether the head's projection is upcast: head_dtype float32 on a bfloat16/float16 model."""
+        return self.head_dtype == "float32" and self.dtype != "float32"

@@ -19,6 +19,8 @@ from engine.loading.default_model import resolve_model_path
 from engine.loading.loader import eos_token_ids, load_model, load_tokenizer, resolve_device
 from engine.loading.lora import LoraError
 from engine.loading.sharded import load_sharded
+from engine.multimodal.image_input import ImageInput
+from engine.multimodal.request_images import RequestImages
 from engine.output_state import OutputState
 from engine.parallel.driver import TensorParallel
 from engine.parallel.group import TPGroup
@@ -53,11 +55,13 @@ class LLMEngine:
             self.parallel = TensorParallel(self.model, group)
         else:
             self.device = resolve_device(config.device)
-            self.model, self.hf_config = load_model(self.model_path, config.dtype, self.device)
+            self.model, self.hf_config = load_model(self.model_path, config.dtype, self.device,
+                                                     config.float32_head)
         self.tokenizer = load_tokenizer(self.model_path)
-        self.eos_ids = eos_token_ids(self.model_path, self.hf_config, self.tokenizer)
-        self.vocab_size: int = self.hf_config.vocab_size
-        self.max_model_len: int = config.max_model_len or self.hf_config.max_position_embeddings
+        text = self.hf_config.get_text_config()  # a vision-language config's decoder; any other config itself
+        self.eos_ids = eos_token_ids(self.model_path, text, self.tokenizer)
+        self.vocab_size: int = text.vocab_size
+        self.max_model_len: int = config.max_model_len or text.max_position_embeddings
         limit = self.model.position_limit()
         if limit is not None and self.max_model_len > limit:
             if config.max_model_len:
@@ -89,9 +93,14 @@ class LLMEngine:
         self._ids = itertools.count()
 
     # --- requests -------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    images: list[ImageInput] | None = None) -> None:
+        """images: the request's images in prompt order; prompt_token_ids holds each one's placeholder run, expanded
+        to its ImageInput.num_tokens (a vision-language model only)."""
         self._check(request_id, prompt_token_ids, params)
         seq = Sequence(request_id, prompt_token_ids, params)
+        if images:
+            seq.images = self._images(prompt_token_ids, images)
         if params.classify:
             seq.pool_position = pooling.pooled_position(prompt_token_ids, self.hf_config.get_text_config().pad_token_id)
         if params.adapter is not None:  # its slot is taken when the scheduler admits it (adapter_queue.py)
@@ -123,6 +132,14 @@ class LLMEngine:
         if broken:
             raise RequestError(broken.message)
         self._check_limits(len(ids), p)
+
+    def _images(self, ids: list[int], images: list[ImageInput]) -> RequestImages:
+        if not self.model.multimodal:
+            raise RequestError(f"model {type(self.model).__name__} takes no images; this request has {len(images)}")
+        try:
+            return RequestImages(ids, images, self.model.image_token_id)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from exc
 
     def _join_adapter(self, name: str, path: str | None) -> None:
         if self.config.batch_invariant:
@@ -245,13 +262,14 @@ class LLMEngine:
 
     # --- synchronous batch call -----------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
-                 check: bool = False) -> list[RequestOutput]:
+                 check: bool = False, images: list[list[ImageInput] | None] | None = None) -> list[RequestOutput]:
         """Run the prompts to completion together; returns each one's merged answer, in order.
-        check=True runs the block pool's integrity check after every step (for tests)."""
+        check=True runs the block pool's integrity check after every step (for tests). images: each prompt's
+        images (None or omitted: none)."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
         rids = [f"batch-{next(self._ids)}" for _ in prompts]
-        for rid, ids, p in zip(rids, prompts, plist, strict=True):
-            self.add_request(rid, ids, p)
+        for rid, ids, p, imgs in zip(rids, prompts, plist, images or [None] * len(prompts), strict=True):
+            self.add_request(rid, ids, p, imgs)
         streams: dict[str, list[RequestOutput]] = {rid: [] for rid in rids}
         while self.has_unfinished():
             for out in self.step():

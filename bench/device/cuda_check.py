@@ -1,7 +1,10 @@
 """The engine on a GPU, in one short run: the prepared script for a lent CUDA machine (one try, minutes of device
 time), whose CPU path the tests run so that it stays ready.
 
-    python -m bench cuda_check [--cpu-smoke] [--budget-s 270] [--out DIR] [--layers-8b 32] [--section NAME ...]
+    python -m bench cuda_check [--plan] [--cpu-smoke] [--budget-s 540] [--out DIR] [--layers-8b 32] [--section ...]
+
+On a lent GPU, bench/device/run.sh is the one command to call (torch 2.11 + triton 3.6 image, no Ray, no internet).
+--plan prints each section's estimated seconds and GPU memory on one H200 and the total (PLAN), and runs nothing.
 
 Sections, each in its own try (a failing one prints its traceback and the others still run), in this order:
   env        torch / transformers versions, device, free memory, TF32 flags, the engine's imports
@@ -16,7 +19,9 @@ Sections, each in its own try (a failing one prints its traceback and the others
              CUDA graphs; tok/s, MFU (measured peak and spec) and peak memory of each side
   invariant  batch-invariant mode's checks and bits on the device (bench/invariance/device.py), small settings
 Each section needs some seconds left to start (bf16 keeps 8 of the 32 layers when under 150 are left); once the
-run passes --budget-s (270: with the last section, under six minutes) the sections left are skipped with a note.
+run passes --budget-s (540, PLAN's total with room: under a device call's 600 s) the sections left are skipped with
+a note. On CUDA each section first checks that the GPU memory PLAN gives it is available (free plus what this run
+holds), and is skipped with the reason when not (transformers' batch-256 generate checks its own static cache).
 Without CUDA (or with --cpu-smoke) every shape is tiny: seconds on a CPU, figures meaningless.
 Prints one summary table last; writes every figure to $OUT/cuda_check.json (default bench/results/).
 """
@@ -52,6 +57,42 @@ class Run:
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
+
+
+# Section: (estimated seconds on one H200, GPU GiB the run holds at the section's peak). Estimates, not
+# measurements (no GPU has run them yet): the workloads' model build (random 8B-shaped weights, saved and loaded,
+# ~75 s, graphs captured) is counted in ragged, the first to use it; bf16 builds its own copy. The memory: weights
+# 15 GiB a copy (engine and transformers), the workloads' KV cache 24 GiB, transformers' logits of HF_TOKENS rows
+# in bfloat16 and float32 (~11 GiB), the engine's scoring chunk (<= 4.4 GiB). Every section fits an 80 GB card.
+PLAN: dict[str, tuple[float, float]] = {
+    "env": (5, 0.1), "exact": (45, 4), "bf16": (90, 42), "ragged": (120, 70), "prefill": (20, 56),
+    "mc": (25, 70), "generate": (90, 62), "invariant": (60, 4)}
+STARTUP_S = 20  # python and torch imports, CUDA context, the matmul peak measurement
+
+
+def plan_lines(names: list[str]) -> list[str]:
+    """--plan's table: each section's estimate, and the total with start-up."""
+    lines = [f"{'section':<10} {'est. s':>7} {'GPU GiB':>8}", f"{'start-up':<10} {STARTUP_S:>7.0f} {'-':>8}"]
+    for name in names:
+        sec, gib = PLAN[name]
+        lines.append(f"{name:<10} {sec:>7.0f} {gib:>8.1f}")
+    total = STARTUP_S + sum(PLAN[n][0] for n in names)
+    lines.append(f"{'total':<10} {total:>7.0f} {max(PLAN[n][1] for n in names):>8.1f}  (one H200; the most any "
+                 f"section holds)")
+    return lines
+
+
+def memory_blocker(device: torch.device, gib: float) -> str | None:
+    """Why gib of GPU memory is not there for a section (None: it is, or no CUDA): free plus what this process
+    holds in torch's cache, which the section's predecessors release to it."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    available = (free + torch.cuda.memory_reserved(device)) / 2**30
+    if gib > available:
+        return (f"needs ~{gib:.0f} GiB of GPU memory, {available:.0f} GiB available of {total / 2**30:.0f} GiB on "
+                f"this card")
+    return None
 
 
 def exact_fp32() -> None:
@@ -165,13 +206,17 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench cuda_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (automatic without CUDA)")
-    ap.add_argument("--budget-s", type=float, default=270.0, help="no section starts after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="no section starts after this many seconds")
+    ap.add_argument("--plan", action="store_true", help="print each section's estimate and the total; run nothing")
     ap.add_argument("--layers-8b", type=int, default=32, help="layers of the Llama-3-8B-shaped model (of 32)")
     ap.add_argument("--section", action="append",
                     choices=["env", "exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant"],
                     help="repeat for several (default: all)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parents[1] / "results"))
     a = ap.parse_args(argv)
+    if a.plan:
+        print("\n".join(plan_lines([n for n in PLAN if not a.section or n in a.section])))
+        return
     t0 = time.perf_counter()
     smoke = a.cpu_smoke or not torch.cuda.is_available()
     device = torch.device("cpu" if smoke else "cuda")
@@ -190,9 +235,12 @@ def main(argv: list[str] | None = None) -> None:
             if a.section and name not in a.section:
                 continue
             s0 = time.perf_counter()
+            no_memory = memory_blocker(device, PLAN[name][1])
             if needs_s is not None and run.left() < needs_s:
                 res: dict[str, Any] = {"skipped": f"{run.left():.0f} s left of --budget-s {a.budget_s:.0f}, "
                                                   f"the section needs {needs_s:.0f}"}
+            elif no_memory is not None:
+                res = {"skipped": no_memory}
             else:
                 print(f"== {name} ({s0 - t0:.0f} s in)", flush=True)
                 try:

@@ -29,7 +29,11 @@ from bench.device.bf16 import LLAMA3_8B, SMOKE, build, scratch
 
 # The H100/H200 SXM dense bfloat16 spec, TFLOP/s.
 SPEC_BF16_TFLOPS = 989.0
-STEP_TOKENS, MAX_SEQS, HF_TOKENS = 8192, 256, 16384
+# HF_TOKENS: transformers' padded tokens a batch; its logits in bfloat16 and float32 are ~11 GiB at 8,192, which
+# with two weight copies and the KV cache stays within an 80 GB card (cuda_check.PLAN).
+STEP_TOKENS, MAX_SEQS, HF_TOKENS = 8192, 256, 8192
+# The engine's KV cache: batch 256 x (512 + 128) tokens of the 8B shape is 20 GiB.
+KV_GIB = 24
 
 
 @dataclass
@@ -43,25 +47,25 @@ class Shared:
 
 def shared(run: Any) -> Shared:
     """The engine (attention_backend auto: a varlen CUDA kernel where one serves, with CUDA graphs) and
-    transformers' model, built once. The block size is 16 when a kernel takes such pages, else 256 (FlashAttention's
-    paged rule), so that the new path is the one measured; the reasons for both sizes are recorded."""
+    transformers' model, built once. The block size is the one that gets torch's flash kernel (16, else 256:
+    FlashAttention 2's paged rule), else 16 for the Triton kernel (engine/runner/attention_choice.py:
+    pick_block_size), so that the flash path is measured wherever it can serve; both sizes' reasons are recorded."""
     if "workloads" in run.cache:
         return run.cache["workloads"]
     from bench.lib.mfu import peak_matmul_flops
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
-    from engine.runner.attention_choice import cuda_kernel
+    from engine.runner.attention_choice import pick_block_size
 
     shape = {**LLAMA3_8B, **SMOKE} if run.smoke else dict(LLAMA3_8B)
     shape["num_hidden_layers"] = min(run.layers_8b, shape["num_hidden_layers"])
     head_dim = shape["hidden_size"] // shape["num_attention_heads"]
-    kernels = {bs: cuda_kernel(run.device, torch.bfloat16, bs, head_dim, False) for bs in (16, 256)}
-    block_size = 16 if kernels[16][0] is not None or kernels[256][0] is None else 256
+    block_size, kernels = pick_block_size(run.device, torch.bfloat16, head_dim, False)
     root = scratch(run.tmp, shape)
     atexit.register(shutil.rmtree, root, True)
     folder = root / "llama3-8b-shaped-workloads"
     hf = build(shape, folder, run.device)
-    kv = 64 * 2**20 if run.smoke else 32 * 2**30
+    kv = 64 * 2**20 if run.smoke else KV_GIB * 2**30
     engine = LLMEngine(EngineConfig(model=str(folder), device=str(run.device), dtype="bfloat16",
                                     block_size=block_size, kv_cache_bytes=kv, max_num_batched_tokens=STEP_TOKENS,
                                     max_num_seqs=MAX_SEQS))
@@ -72,8 +76,7 @@ def shared(run: Any) -> Shared:
     s.figures["block_size"] = block_size
     run.cache["workloads"] = s
     run.cache["workloads_setup"] = {
-        "block_size": block_size, **{f"kernel_{bs}": (k.__name__ if k else None, why) for bs, (k, why) in
-                                     kernels.items()},
+        "block_size": block_size, **{f"kernel_{bs}": found for bs, found in kernels.items()},
         "backend": type(engine.runner.backend).__name__, "graphs": engine.runner.graphs is not None,
         "kernel": getattr(getattr(engine.runner.backend, "kernel", None), "__name__", None),
         "score_rows": engine.runner.score_rows, "peak_bf16_tflops": peak["flops"] / 1e12, "layers": shape[
@@ -242,24 +245,45 @@ def generate_section(run: Any) -> dict[str, Any]:
         s.engine.runner.graphs = graphs
         if len(tokens) == 2:
             r["graphs_equal_eager"] = sum(a == b for a, b in zip(tokens["graphs"], tokens["eager"], strict=True))
-        try:
-            t, mem, _ = measure(lambda: hf_generate(s.hf, prompts, new, dev), dev)  # noqa: B023
-            r["transformers"] = {"s": t, "out_tok_s": batch * new / t, "peak_gib": mem}
-        except Exception as e:  # out of memory at batch 256, say: the engine's figures stand
-            r["transformers"] = {"error": f"{type(e).__name__}: {e}"[:200]}
-            torch.cuda.empty_cache() if dev.type == "cuda" else None
+        r["transformers"] = hf_generate_figures(s, prompts, new, dev)
         res[f"batch_{batch}"] = r
     res["summary"] = [(f"generate batch {k.removeprefix('batch_')}", gen_line(v)) for k, v in res.items()
                       if k.startswith("batch_")]
     return res
 
 
+def hf_generate_figures(s: Shared, prompts: list[list[int]], new: int, dev: torch.device) -> dict[str, Any]:
+    """transformers' generate at this batch, when its static cache fits the memory left (else skipped, with the
+    reason); warmed up untimed at the same batch first, so nothing lazy lands in the timed run."""
+    from bench.device.cuda_check import memory_blocker
+
+    cache_gib = len(prompts) * (len(prompts[0]) + new) * kv_bytes_per_token(s.shape) / 2**30
+    held = torch.cuda.memory_allocated(dev) / 2**30 if dev.type == "cuda" else 0.0
+    no_memory = memory_blocker(dev, held + 1.2 * cache_gib + 2)
+    if no_memory is not None:
+        return {"skipped": f"its static cache ({cache_gib:.0f} GiB) beside the engine: {no_memory}"}
+    try:
+        hf_generate(s.hf, prompts, 2, dev)
+        t, mem, _ = measure(lambda: hf_generate(s.hf, prompts, new, dev), dev)
+        return {"s": t, "out_tok_s": len(prompts) * new / t, "peak_gib": mem, "static_cache_gib": cache_gib}
+    except Exception as e:  # out of memory after all, say: the engine's figures stand
+        torch.cuda.empty_cache() if dev.type == "cuda" else None
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+
+
+def kv_bytes_per_token(shape: dict[str, Any]) -> int:
+    head_dim = shape["hidden_size"] // shape["num_attention_heads"]
+    return 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * head_dim * 2  # K and V, bfloat16
+
+
 @torch.inference_mode()
 def hf_generate(hf: Any, prompts: list[list[int]], new: int, device: torch.device) -> Any:
+    """transformers' generate with a static cache, never compiled: on CUDA a static cache turns torch.compile on
+    by default, which would put minutes of compilation into the timed baseline (once per batch size)."""
     ids = torch.tensor(prompts, device=device)
     hf.generation_config.eos_token_id = None  # the engine ignores EOS: both run every new token
     return hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                       pad_token_id=1, cache_implementation="static")
+                       pad_token_id=1, cache_implementation="static", disable_compile=True)
 
 
 def line(r: dict[str, Any]) -> str:
@@ -277,7 +301,7 @@ def gen_line(r: dict[str, Any]) -> str:
                      f"+{v['peak_gib']:.2f} GiB)" if isinstance(v, dict) else f"{mode} {v}")
     hf = r.get("transformers", {})
     parts.append(f"transformers {hf['out_tok_s']:,.0f} tok/s end to end" if "out_tok_s" in hf
-                 else f"transformers {hf.get('error')}")
+                 else f"transformers {hf.get('error') or 'skipped: ' + str(hf.get('skipped'))}")
     if "graphs_equal_eager" in r:
         parts.append(f"graphs = eager tokens in {r['graphs_equal_eager']} requests")
     return "; ".join(parts)

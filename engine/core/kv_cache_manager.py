@@ -15,6 +15,14 @@ def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
     return hash((parent, tokens))
 
 
+def block_key(seq: Sequence, i: int, block_size: int) -> tuple[int, ...]:
+    """What block i of a request holds: its tokens, then the digest of each image whose placeholder run meets it
+    (vLLM's extra keys), so two images behind the same placeholder ids never share a block, nor any block after."""
+    lo, hi = i * block_size, (i + 1) * block_size
+    tokens = tuple(seq.token_ids[lo:hi])
+    return tokens if seq.images is None else tokens + seq.images.block_keys(lo, hi)
+
+
 @dataclass
 class PrefixCacheStats:
     query_tokens: int = 0  # prompt tokens looked up (each request once: a recompute is not a new query)
@@ -58,7 +66,7 @@ class KVCacheManager:
         hits: list[int] = []
         hashes: list[int] = []
         for i in range(limit // bs):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            tokens = block_key(seq, i, bs)
             h = block_hash(parent, tokens)
             block = self.cached.get(h)
             if block is None or self.block_meta[block][1] != tokens:
@@ -79,7 +87,7 @@ class KVCacheManager:
         full = min(num_tokens // bs, len(seq.block_table))
         for i in range(len(seq.block_hashes), full):
             parent = seq.block_hashes[-1] if seq.block_hashes else seq.cache_salt
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            tokens = block_key(seq, i, bs)
             h = block_hash(parent, tokens)
             seq.block_hashes.append(h)
             block = seq.block_table[i]

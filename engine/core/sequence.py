@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from enum import Enum
 
+from engine.multimodal.request_images import RequestImages
 from protocol.outputs import FinishReason
 from protocol.sampling import SamplingParams
 
@@ -49,6 +50,9 @@ class Sequence:
         # (or the base's) blocks to another (None: the base model, or not admitted yet).
         self.lora_slot: int | None = None
         self.cache_salt: int | None = None
+        # A request with images: their placeholder runs, M-RoPE positions and the vision tower's output (set by
+        # the engine; None: text only).
+        self.images: RequestImages | None = None
 
     # --- counters -------------------------------------------------------------------------------
     @property

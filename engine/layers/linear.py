@@ -36,6 +36,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+# head_dtype float32 (EngineConfig): the weight's output rows upcast per call, this many at a time.
+UPCAST_ROWS = 16384
+
+
+def float32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[R, in] x [out, in] -> [R, out] float32, both operands upcast as vLLM's and SGLang's float32 LM head do
+    (F.linear(x.float(), weight.float())). The weight is upcast UPCAST_ROWS rows at a time into a new tensor each,
+    so no float32 copy of the whole head is held (nor goes stale when weights are updated): the extra memory is one
+    slice, UPCAST_ROWS x in x 4 bytes; the extra time one conversion of the weight per call."""
+    x = x.float()
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32, device=x.device)
+    for lo in range(0, weight.shape[0], UPCAST_ROWS):
+        hi = min(lo + UPCAST_ROWS, weight.shape[0])
+        out[:, lo:hi] = linear(x, weight[lo:hi].float())  # a row's logit is its own dot product
+    return out
+
+
 def linear_into(weight: torch.Tensor, bias: torch.Tensor | None) -> Call:
     """One call of linear() on a block of rows, written into a block of the output: the very call that
     row_plan.calibrate checks, so what runs is what was checked."""

@@ -5,7 +5,9 @@ One function contract, two implementations with the same arguments:
 - `varlen_attention_reference`: pure torch, runs anywhere; the CPU tests check the contract's inputs through it
   against today's path and transformers.
 - `varlen_attention_cuda`: torch's own flash kernel (`varlen_attn`), when the running torch has the arguments
-  (`block_table`, `seqused_k`, `window_size`, `enable_gqa`); `kernel_blocker` says why not otherwise.
+  (`block_table`, `seqused_k`, `window_size`, `enable_gqa`: torch 2.13 has them, 2.11 lacks the paged three) and
+  the pages suit it (its paged mode is FlashAttention 2's: a page size that is a multiple of 256);
+  `kernel_blocker` says why not otherwise. engine/layers/varlen_triton.py serves the same contract in Triton.
 
 Alignment: sequence i has q_i = cu_seqlens_q[i+1] - cu_seqlens_q[i] new queries at the end of its k_i =
 seqused_k[i] keys (causal "bottom-right", FlashAttention's rule when q_i < k_i): query j sits at position
@@ -16,12 +18,16 @@ k_i - q_i + j and sees keys up to it, and with a window W only those after posit
 from __future__ import annotations
 
 import inspect
+import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from engine.layers.window import attend, window_mask
+
+log = logging.getLogger(__name__)
 
 # What varlen_attn must accept for this contract (they arrived across torch releases).
 _NEEDED_ARGS = ("block_table", "seqused_k", "window_size", "enable_gqa")
@@ -116,16 +122,20 @@ def varlen_attention_cuda(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch
                        enable_gqa=q.shape[1] != k_pages.shape[2], seqused_k=seqused_k, block_table=block_table)
 
 
-def torch_varlen_missing() -> str | None:
-    """Why the running torch's varlen_attn cannot serve the contract; None when it can (arguments only)."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
-    params = inspect.signature(varlen_attn).parameters
+def torch_varlen_missing(fn: Any = None, version: str | None = None) -> str | None:
+    """Why the running torch's varlen_attn (or fn, a varlen_attn of torch `version`) cannot serve the contract;
+    None when it can (arguments only). torch 2.11's, the lent GPU image's, lacks block_table, seqused_k and
+    enable_gqa; 2.13's has all four."""
+    version = version or torch.__version__
+    if fn is None:
+        try:
+            from torch.nn.attention.varlen import varlen_attn as fn
+        except ImportError:
+            return f"torch {version} has no torch.nn.attention.varlen.varlen_attn"
+    params = inspect.signature(fn).parameters
     missing = [a for a in _NEEDED_ARGS if a not in params]
     if missing:
-        return f"torch {torch.__version__}'s varlen_attn lacks {', '.join(missing)}"
+        return f"torch {version}'s varlen_attn lacks {', '.join(missing)}"
     return None
 
 
@@ -156,30 +166,58 @@ def triton_blocker(device: torch.device, dtype: torch.dtype, block_size: int, he
     return probe(varlen_triton.varlen_attention_triton, device, dtype, block_size, head_dim, softcap=True)
 
 
+# Units of least precision at the output's magnitude a correct kernel stays within: half precision rounds the
+# output once and the probabilities once before P @ V; float32 (IEEE products) sums in another order than SDPA.
+PROBE_ULPS = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 256}
+
+
+def probe_tolerance(dtype: torch.dtype, magnitude: float) -> float:
+    """PROBE_ULPS units of least precision of dtype at magnitude (the largest |output| of the reference)."""
+    ulp = torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(max(magnitude, 2.0 ** -20)))
+    return PROBE_ULPS.get(dtype, 8) * ulp
+
+
 def probe(kernel: Any, device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int,
           softcap: bool = False) -> str | None:
-    """None when the kernel runs a tiny paged step (two requests, one crossing a block boundary; with a window,
-    and a soft-cap when asked) and agrees with the reference; else why not."""
+    """None when the kernel runs two tiny paged steps and agrees with the reference in float32 within
+    probe_tolerance; else why not. The steps: a prefill (two requests, one crossing a page boundary) and a decode
+    (three one-token requests, contexts over several pages), each without and with a window (and a soft-cap when
+    asked). The errors it measured are logged, so a failure's margin is on record."""
+    name = getattr(kernel, "__name__", str(kernel))
     try:
-        for window, cap in ((None, None), (3, 2.0 if softcap else None)):
-            err = _probe_error(kernel, device, dtype, block_size, head_dim, window, cap)
-            if err >= 2e-2:
-                return f"{kernel.__name__} differs from the reference on a probe call by {err:.3g}"
+        for shape in ("prefill", "decode"):
+            for window, cap in ((None, None), (3, 2.0 if softcap else None)):
+                err, mag = _probe_error(kernel, device, dtype, block_size, head_dim, shape, window, cap)
+                tol = probe_tolerance(dtype, mag)
+                log.info("probe %s %s page %d head_dim %d %s window %s soft-cap %s: max |error| %.3g of tolerance "
+                         "%.3g (|output| up to %.3g)", name, dtype, block_size, head_dim, shape, window, cap, err,
+                         tol, mag)
+                if not err <= tol:
+                    return (f"{name} differs from the reference on a probe call ({shape}, window {window}) by "
+                            f"{err:.3g}, past {tol:.3g} ({PROBE_ULPS.get(dtype, 8)} units of {dtype} at {mag:.3g})")
         return None
     except Exception as e:  # noqa: BLE001  # any refusal of the kernel means: not usable here
-        return f"{kernel.__name__} failed on a probe call: {type(e).__name__}: {e}"[:300]
+        return f"{name} failed on a probe call: {type(e).__name__}: {e}"[:300]
+
+
+# (tokens cached, new tokens, block tables) of the probe's steps, by page count so any page size fits.
+_PROBE_STEPS = {"prefill": ([-1, 2], [3, 1], [[2, 0], [1, 3, 0]]),
+                "decode": ([-1, 2, 4], [1, 1, 1], [[2, 0], [1, 3, 0], [4, 5, 6, 7, 0]])}
 
 
 def _probe_error(kernel: Any, device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int,
-                 window: int | None, softcap: float | None) -> float:
+                 shape: str, window: int | None, softcap: float | None) -> tuple[float, float]:
+    """(max |kernel - reference|, max |reference|), both in float32 on the same dtype-rounded inputs. A start of
+    -1 is one token before the first page's end (the request crosses into its second page); k > 0 is k pages."""
     g = torch.Generator(device="cpu").manual_seed(0)
-    hq, hkv, blocks = 4, 2, 4
+    hq, hkv, blocks = 4, 2, 8
     kp, vp = (torch.randn(blocks, block_size, hkv, head_dim, generator=g).to(device, dtype) for _ in range(2))
-    lens, starts = [3, 1], [block_size - 1, 2 * block_size]
+    starts, lens, tables = _PROBE_STEPS[shape]
+    starts = [block_size - 1 if s < 0 else s * block_size for s in starts]
     q = torch.randn(sum(lens), hq, head_dim, generator=g).to(device, dtype)
-    inputs = VarlenInputs.build(starts, lens, [[2, 0], [1, 3, 0]], device)
-    args = (q, kp, vp, inputs.cu_seqlens_q, inputs.seqused_k, inputs.block_table, inputs.max_seqlen_q,
-            inputs.max_seqlen_k, head_dim ** -0.5)
-    got = kernel(*args, window=window, softcap=softcap).float()
-    want = varlen_attention_reference(*args, window=window, softcap=softcap).float()
-    return (got - want).abs().max().item()
+    inputs = VarlenInputs.build(starts, lens, tables, device)
+    rest = (inputs.cu_seqlens_q, inputs.seqused_k, inputs.block_table, inputs.max_seqlen_q, inputs.max_seqlen_k,
+            head_dim ** -0.5)
+    got = kernel(q, kp, vp, *rest, window=window, softcap=softcap).float()
+    want = varlen_attention_reference(q.float(), kp.float(), vp.float(), *rest, window=window, softcap=softcap)
+    return (got - want).abs().max().item(), want.abs().max().item()

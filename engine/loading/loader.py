@@ -39,8 +39,9 @@ def load_config(path: Path) -> Any:
     return AutoConfig.from_pretrained(path)
 
 
-def load_model(path: str | Path, dtype: str, device: torch.device) -> tuple[LlamaForCausalLM, Any]:
-    """Returns (model in eval mode on `device`, its transformers config)."""
+def load_model(path: str | Path, dtype: str, device: torch.device, float32_head: bool = False
+               ) -> tuple[LlamaForCausalLM, Any]:
+    """Returns (model in eval mode on `device`, its transformers config). float32_head: EngineConfig's."""
     path = Path(path)
     exact_float32(device, dtype)
     cfg = load_config(path)
@@ -55,9 +56,10 @@ def load_model(path: str | Path, dtype: str, device: torch.device) -> tuple[Llam
     state: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for stored in f.keys():
+                name = cls.checkpoint_name(stored)
                 if name in wanted and not (tied and name == "lm_head.weight"):
-                    state[name] = f.get_tensor(name).to(device=device, dtype=DTYPES[dtype])
+                    state[name] = f.get_tensor(stored).to(device=device, dtype=DTYPES[dtype])
     missing = [n for n in wanted if n not in state and not (tied and n == "lm_head.weight")]
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
@@ -69,6 +71,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device) -> tuple[Llam
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
+    model.float32_head = float32_head
     model.fuse_projections()
     model.rope_to(device)
     model.eval()

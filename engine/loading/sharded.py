@@ -22,7 +22,10 @@ def load_sharded(config: EngineConfig, group: TPGroup) -> tuple[LlamaForCausalLM
         raise ValueError(f"the process group has {group.size} ranks but tensor_parallel_size is "
                          f"{config.tensor_parallel_size}")
     model, hf_config = load_model(resolve_model_path(config.model, config.cache_dir), config.dtype,
-                                  torch.device("cpu"))
+                                  torch.device("cpu"), config.float32_head)
+    if model.multimodal:  # the other ranks' forwards take no image rows (engine/parallel/follower.py)
+        raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} is not available for the "
+                         f"vision-language model {type(model).__name__}; serve it with tensor_parallel_size 1")
     shard_model(model, group)
     model.to(group.device)
     model.rope_to(group.device)

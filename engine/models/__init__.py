@@ -22,6 +22,8 @@ MODEL_REGISTRY: dict[str, str] = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Phi3ForCausalLM": "phi3",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "Qwen3VLForConditionalGeneration": "qwen3_vl",
 }
 
 
@@ -29,7 +31,7 @@ MODEL_REGISTRY: dict[str, str] = {
 # `score` head; architectures name -> the family's causal-LM name whose decoder it wraps.
 CLASSIFIER_SUFFIX = "ForSequenceClassification"
 _CLASSIFIER_OF: dict[str, str] = {
-    **{arch.replace("ForCausalLM", CLASSIFIER_SUFFIX): arch for arch in MODEL_REGISTRY},
+    **{arch.replace("ForCausalLM", CLASSIFIER_SUFFIX): arch for arch in MODEL_REGISTRY if arch.endswith("ForCausalLM")},
     "Gemma3TextForSequenceClassification": "Gemma3ForCausalLM",
 }
 

@@ -11,7 +11,7 @@ from transformers.activations import ACT2FN
 
 from engine.invariant.activation import invariant_silu
 from engine.layers.attention import AttentionBackend, AttentionMetadata
-from engine.layers.linear import Linear
+from engine.layers.linear import Linear, float32_linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rope import RotaryEmbedding
 
@@ -147,6 +147,13 @@ class LlamaForCausalLM(nn.Module):
 
     # Family hooks: a subclass overrides these rather than the forward.
     norm_cls: type[nn.Module] = RMSNorm
+    # Takes images (engine/models/vision/language.py): [3, T] M-RoPE positions and a step's image rows.
+    multimodal = False
+
+    @classmethod
+    def checkpoint_name(cls, name: str) -> str:
+        """This model's parameter name for a checkpoint's (the same, but where a family's layout nests them)."""
+        return name
 
     def make_layer(self, cfg: Any, i: int) -> DecoderLayer:
         """Layer i, with the checkpoint's parameter names under model.layers.i."""
@@ -223,6 +230,8 @@ class LlamaForCausalLM(nn.Module):
         self.embed_scale: float | None = None
         # Gemma 2: logits = cap * tanh(logits / cap) before any log-softmax; None: raw logits.
         self.final_logit_softcap: float | None = None
+        # EngineConfig.float32_head (set by the loader): the head projects the upcast norm output in float32.
+        self.float32_head = False
         head = self.model.layers[0].self_attn if cfg.num_hidden_layers else None
         self.num_kv_heads = head.num_kv_heads if head else 0
         self.head_dim = head.head_dim if head else 0
@@ -249,14 +258,16 @@ class LlamaForCausalLM(nn.Module):
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [R, hidden] rows as forward() returns them -> [R, vocab] raw logits in the model dtype.
-        Callers pass only the rows they need (bounded blocks), never the whole batch."""
-        return self._cap(self.lm_head(self.model.norm(hidden)))
+        """hidden: [R, hidden] rows as forward() returns them -> [R, vocab] raw logits in the model dtype (float32
+        with float32_head). Callers pass only the rows they need (bounded blocks), never the whole batch."""
+        normed = self.model.norm(hidden)
+        return self._cap(float32_linear(normed, self.lm_head.weight) if self.float32_head else self.lm_head(normed))
 
     def classify(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [R, hidden] pooled rows as forward() returns them -> [R, num_labels] float32 raw scores, as
         transformers' score(norm(h)) (no soft-cap: transformers applies none to a classifier's head)."""
-        return self.score(self.model.norm(hidden)).float()
+        normed = self.model.norm(hidden)
+        return float32_linear(normed, self.score.weight) if self.float32_head else self.score(normed).float()
 
     def _cap(self, logits: torch.Tensor) -> torch.Tensor:
         """transformers' final soft-cap: divide, tanh, multiply (same ops, same order, so the same bits)."""

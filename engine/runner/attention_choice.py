@@ -65,3 +65,18 @@ def cuda_kernel(device: torch.device, dtype: torch.dtype, block_size: int, head_
 
         return varlen_attention_triton, flash
     return None, f"{flash}; Triton kernel: {tri}"
+
+
+# The page sizes tried, in order: the engine's default, then FlashAttention 2's paged rule (a multiple of 256).
+PAGE_SIZES = (16, 256)
+
+
+def pick_block_size(device: torch.device, dtype: torch.dtype, head_dim: int,
+                    softcap: bool) -> tuple[int, dict[int, tuple[str | None, str]]]:
+    """The block_size that gets torch's flash kernel (16 where it takes such pages; 256 where, as FlashAttention
+    2's paged mode, it takes a block table only with pages of a multiple of 256), else 16 (the Triton kernel or
+    the torch path serve any page). Also each size's kernel and the reasons the ones before it did not serve."""
+    kernels = {bs: cuda_kernel(device, dtype, bs, head_dim, softcap) for bs in PAGE_SIZES}
+    found = {bs: (k.__name__ if k is not None else None, why) for bs, (k, why) in kernels.items()}
+    flash = [bs for bs, (k, _) in kernels.items() if k is varlen_attention_cuda]
+    return (flash[0] if flash else PAGE_SIZES[0]), found

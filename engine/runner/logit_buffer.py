@@ -3,7 +3,8 @@ a chunk holds rows x vocab x 4 bytes plus temporaries of rows x VOCAB_SLICE (eng
 
 Where a step would otherwise allocate a second [rows, vocab] tensor it runs in place or over column slices:
 - the LM head: a float32 model's projection is the buffer itself; another dtype's is made one HEAD_SLICE of the
-  vocabulary at a time and each slice converted into the buffer (no model-dtype copy of the whole rows);
+  vocabulary at a time and each slice converted into the buffer (no model-dtype copy of the whole rows); with
+  head_dtype float32 the upcast projection is the buffer (engine/layers/linear.py's float32_linear);
 - the soft-cap and the temperature: in place (the same ops on the same values: the same bits);
 - log-softmax: torch's own kernel writing into its input (it reads a row whole before it writes any of it), so
   the values keep the bits of F.log_softmax, which the transformers reference computes;
@@ -16,7 +17,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from engine.layers.linear import Linear, linear
+from engine.layers.linear import Linear, float32_linear, linear
 
 # Columns of the vocabulary per slice: the temporaries of a slice are a few rows x VOCAB_SLICE tensors (4096
 # columns: under 7% of a 128k-vocabulary row's float32 buffer).
@@ -40,16 +41,24 @@ class Head(Protocol):
     @property
     def final_logit_softcap(self) -> float | None: ...
 
+    @property
+    def float32_head(self) -> bool: ...
+
 
 def float_logits(head: Head, hidden: torch.Tensor) -> torch.Tensor:
     """hidden: [R, hidden] pre-norm rows -> [R, vocab] float32 raw logits in a new tensor the caller owns: the
     values of head.compute_logits(hidden).float(), with no second vocab-wide tensor on the way."""
-    return project_float32(head.model.norm(hidden), head.lm_head, head.final_logit_softcap)
+    return project_float32(head.model.norm(hidden), head.lm_head, head.final_logit_softcap, head.float32_head)
 
 
-def project_float32(normed: torch.Tensor, lm_head: Linear, cap: float | None) -> torch.Tensor:
-    """[R, hidden] final-normed rows -> [R, vocab] float32 capped logits (cap None: none), in a new tensor."""
+def project_float32(normed: torch.Tensor, lm_head: Linear, cap: float | None, float32_head: bool = False
+                    ) -> torch.Tensor:
+    """[R, hidden] final-normed rows -> [R, vocab] float32 capped logits (cap None: none), in a new tensor.
+    float32_head: the head projects the upcast rows in float32 and caps there (EngineConfig.head_dtype; the config
+    refuses it beside batch-invariant mode, and LM-head adapters are not served, so the head is a plain matrix)."""
     w = lm_head.weight
+    if float32_head:
+        return soft_cap_(float32_linear(normed, w), cap)
     if w.dtype == torch.float32 or lm_head.row_plan is not None or lm_head.lora is not None \
             or lm_head.bias is not None:
         # The head's own call (batch-invariant mode: its checked row plan, unchanged); float32: its output is the

@@ -26,6 +26,7 @@ from engine.runner.sampler import sample
 from engine.runner.score_chunks import score_chunk_rows
 from engine.runner.scorer import RowRequest, RowScorer
 from engine.runner.step_plan import ChunkResult, ScorePlan, StepPlan, StepPlanner
+from engine.runner.vision import VisionEncoder
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +66,15 @@ class ModelRunner:
         self.hidden_store = (torch.zeros(num_slots, model.hidden_size, dtype=model.dtype, device=device)
                              if store else None)
         # After the KV cache and the store: the chunk size on CUDA follows the memory they leave.
-        self.planner = StepPlanner(device, self.block_size, model.dtype, varlen, self.hidden_store is not None)
+        self.planner = StepPlanner(device, self.block_size, model.dtype, varlen, self.hidden_store is not None,
+                                   mrope=model.multimodal)
+        self.vision = VisionEncoder(model, device) if model.multimodal else None
         self.score_rows = score_chunk_rows(config, int(model.config.vocab_size), device)
         self.scorer = RowScorer(model, config.value_mode, self.score_rows, num_slots, device,
                                 lse_store=store, batch_invariant=self.invariant, parallel=parallel)
         self.graphs: DecodeGraphs | None = None
         if (varlen and self.backend.kernel is not varlen_attention_reference and config.cuda_graphs
-                and parallel is None and device.type == "cuda"):
+                and parallel is None and device.type == "cuda" and not model.multimodal):
             self.graphs = self.decode_graphs(num_blocks, max_model_len, capture=True)
 
     def decode_graphs(self, num_blocks: int, max_model_len: int | None, capture: bool) -> DecodeGraphs | None:
@@ -120,6 +123,9 @@ class ModelRunner:
             # A captured graph holds no adapter: a step with adapter rows runs eagerly.
             if self.graphs is not None and not plan.lora_rows and self.graphs.fits(plan.meta):
                 hidden = self.graphs.run(plan.input_ids, plan.positions, plan.meta)  # [T, H]
+            elif self.vision is not None:  # a vision-language model: its image rows, when the step has any
+                hidden = self.model(plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.backend,
+                                    vision=self.vision.rows(plan.image_chunks))
             else:
                 hidden = self.model(plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.backend)
             if self.hidden_store is not None:

@@ -13,6 +13,7 @@ import torch
 from engine.core.scheduler import ScheduledChunk, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.layers.attention import AttentionMetadata
+from engine.multimodal.request_images import RequestImages
 from protocol.outputs import TokenLogprob
 
 
@@ -89,6 +90,8 @@ class StepPlan:
     pool_rows: list[tuple[int | None, int, int]] = field(default_factory=list)
     # (LoRA adapter slot, first row, end row) runs of the flat batch (requests on the base model have none).
     lora_rows: list[tuple[int, int, int]] = field(default_factory=list)
+    # (first row, the request's images, chunk start, chunk length) of each chunk of a request with images.
+    image_chunks: list[tuple[int, RequestImages, int, int]] = field(default_factory=list)
 
 
 class StepPlanner:
@@ -96,8 +99,10 @@ class StepPlanner:
     (varlen: no per-request metadata to finalize) and the runner keeps a hidden-state store."""
 
     def __init__(self, device: torch.device, block_size: int, dtype: torch.dtype, reads_block_tables: bool,
-                 has_store: bool) -> None:
+                 has_store: bool, mrope: bool = False) -> None:
+        """mrope: positions are [3, T] (time, height, width: engine/multimodal/positions.py), not [T]."""
         self.device = device
+        self.mrope = mrope
         self.block_size = block_size
         self.dtype = dtype
         self.reads_block_tables = reads_block_tables
@@ -112,6 +117,7 @@ class StepPlanner:
         meta = AttentionMetadata(slot_mapping=torch.empty(0), starts=[], lens=[], context_slots=[])
         layouts: list[ChunkLayout] = []
         lora_rows: list[tuple[int, int, int]] = []
+        image_chunks: list[tuple[int, RequestImages, int, int]] = []
         offset = 0
         for chunk in sched.chunks:
             layout = self._layout(chunk, offset)
@@ -123,7 +129,9 @@ class StepPlanner:
                     else:
                         lora_rows.append((seq.lora_slot, offset, offset + n))
                 ids.extend(seq.token_ids[start:start + n])
-                positions.append(torch.arange(start, start + n, device=self.device))
+                positions.append(self._positions(seq, start, n))
+                if seq.images is not None:
+                    image_chunks.append((offset, seq.images, start, n))
                 new_slots.append(layout.slots[start:start + n])
                 meta.starts.append(start)
                 meta.lens.append(n)
@@ -139,8 +147,16 @@ class StepPlanner:
         samples = [(lay.offset + c.num_tokens - 1, ci)
                    for ci, (c, lay) in enumerate(zip(sched.chunks, layouts, strict=True)) if lay.samples]
         return StepPlan(torch.tensor(ids, device=self.device) if offset else None,
-                        torch.cat(positions) if offset else None, meta, scores, samples,
-                        self._plan_pools(sched.chunks, layouts), lora_rows)
+                        torch.cat(positions, dim=-1) if offset else None, meta, scores, samples,
+                        self._plan_pools(sched.chunks, layouts), lora_rows, image_chunks)
+
+    def _positions(self, seq: Sequence, start: int, n: int) -> torch.Tensor:
+        """[n] positions start .. start + n - 1, or [3, n] for an M-RoPE model (a text-only request's three axes
+        are equal)."""
+        if seq.images is not None:
+            return seq.images.positions(start, n).to(self.device)
+        flat = torch.arange(start, start + n, device=self.device)
+        return flat.expand(3, n) if self.mrope else flat
 
     @staticmethod
     def _plan_pools(chunks: list[ScheduledChunk], layouts: list[ChunkLayout]) -> list[tuple[int | None, int, int]]:

@@ -43,6 +43,7 @@ def test_cuda_check_cpu_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         g = res["generate"][batch]
         assert g["eager"]["decode_tok_s"] > 0 and g["transformers"]["out_tok_s"] > 0
         assert g["graphs"].startswith("off")  # no CUDA: nothing captured
+        assert g["transformers"]["static_cache_gib"] > 0  # generate with disable_compile ran, warmed up first
     out = capsys.readouterr().out
     table = out[out.index("cuda_check on cpu"):]
     assert "exact | float32 llama" in table and "PASS" in table and "bf16 | Llama-3-8B-shaped" in table
@@ -56,3 +57,35 @@ def test_cuda_check_skips_sections_past_the_budget(tmp_path: Path, capsys: pytes
     for name in ("exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant"):
         assert "--budget-s" in res[name]["skipped"]
     assert "bf16 | skipped" in capsys.readouterr().out
+
+
+def test_plan_fits_one_device_call(capsys: pytest.CaptureFixture[str]) -> None:
+    """--plan prints every section with its estimated seconds and GPU GiB and the total: at most 540 s on one
+    H200 with start-up (a device call allows 600), and no section above an 80 GB card."""
+    main(["--plan"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = {ln.split()[0]: ln.split()[1:3] for ln in lines[1:]}
+    assert set(rows) == {"start-up", "env", "exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant",
+                         "total"}
+    seconds = [float(v[0]) for k, v in rows.items() if k != "total"]
+    assert float(rows["total"][0]) == sum(seconds) <= 540
+    assert all(float(v[1]) <= 78 for k, v in rows.items() if k not in ("start-up", "total"))
+    main(["--plan", "--section", "env", "--section", "generate"])
+    assert capsys.readouterr().out.splitlines()[-1].split()[1] == "115"  # 20 start-up + 5 + 90
+
+
+def test_run_script_is_the_one_command(tmp_path: Path) -> None:
+    """bench/device/run.sh, what a GPU run calls: it checks the python's packages and hands its arguments to
+    cuda_check (here --plan, so nothing runs)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[2]
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "OUT": str(tmp_path), "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(root / "bench/device/run.sh"), "--plan"], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith("torch ") and "total" in done.stdout
+    bad = subprocess.run(["bash", str(root / "bench/device/run.sh"), "--plan"], capture_output=True, text=True,
+                         env={**env, "PYTHON": "/usr/bin/false"}, timeout=60, check=False)
+    assert bad.returncode != 0

@@ -34,11 +34,21 @@ def test_every_engine_field_can_be_set_and_is_described():
     assert AppConfig(kv_cache_mb=3, num_kv_blocks=7).engine_config()["kv_cache_bytes"] == 3 * 2**20
 
 
+def test_each_application_sets_its_own_head_dtype():
+    """vLLM's hf_overrides head_dtype as an `args:` field: one application's bfloat16 teacher projects its head in
+    float32 while another's keeps its own."""
+    apps = [{"dtype": "bfloat16", "head_dtype": "float32"}, {"dtype": "bfloat16"}]
+    configs = [EngineConfig(**AppConfig.model_validate(args).engine_config()) for args in apps]
+    assert [c.float32_head for c in configs] == [True, False]
+
+
 @pytest.mark.parametrize("args, words", [
     ({"block_size": 0}, "block_size must be positive"),
     ({"max_model_len": 0}, "max_model_len must be positive"),
     ({"dtype": "int8"}, "dtype"),
     ({"kv_cache_mb": 0}, "kv_cache_mb"),
+    ({"head_dtype": "float16"}, "head_dtype"),
+    ({"dtype": "bfloat16", "head_dtype": "float32", "batch_invariant": True}, "not available with batch_invariant"),
     ({"http_port": 8000}, "http_port"),  # no HTTP fields: `serve run` takes them from the YAML's http_options
 ])
 def test_bad_args_are_refused_when_read(args, words):

@@ -1,0 +1,57 @@
+"""Image placeholder runs in token ids: finding them, and expanding a prompt whose template wrote one placeholder per
+image (Qwen's chat template: <|vision_start|><|image_pad|><|vision_end|>) into the run the engine takes, one
+placeholder per merged patch (ImageInput.num_tokens), as transformers' processor does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.multimodal.image_input import ImageInput
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """Where an image's placeholder run sits in the prompt: token indices start .. start + length - 1."""
+
+    start: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+def placeholder_spans(token_ids: list[int], image_token_id: int) -> list[ImageSpan]:
+    """The maximal runs of the image placeholder id, in order."""
+    spans: list[ImageSpan] = []
+    run = -1
+    for i, tok in enumerate(token_ids):
+        if tok == image_token_id and run < 0:
+            run = i
+        elif tok != image_token_id and run >= 0:
+            spans.append(ImageSpan(run, i - run))
+            run = -1
+    if run >= 0:
+        spans.append(ImageSpan(run, len(token_ids) - run))
+    return spans
+
+
+def image_spans(token_ids: list[int], images: list[ImageInput], image_token_id: int) -> list[ImageSpan]:
+    """The placeholder runs, one per image. Raises ValueError when the runs and the images differ in number."""
+    spans = placeholder_spans(token_ids, image_token_id)
+    if len(spans) != len(images):
+        raise ValueError(f"the prompt has {len(spans)} image placeholder runs (token id {image_token_id}) "
+                         f"for {len(images)} images")
+    return spans
+
+
+def expand_placeholders(token_ids: list[int], images: list[ImageInput], image_token_id: int) -> list[int]:
+    """token_ids with the i-th placeholder run (of any length, one token as a template writes it) replaced by
+    images[i].num_tokens placeholders. Raises ValueError when the runs and the images differ in number."""
+    spans = image_spans(token_ids, images, image_token_id)
+    out: list[int] = []
+    at = 0
+    for span, image in zip(spans, images, strict=True):
+        out += token_ids[at:span.start] + [image_token_id] * image.num_tokens
+        at = span.end
+    return out + token_ids[at:]

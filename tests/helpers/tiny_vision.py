@@ -1,0 +1,95 @@
+"""Tiny random vision-language checkpoints (Qwen2.5-VL, Qwen3-VL) built locally with transformers, their image
+processor (PIL, no torchvision) and prompts with an image's placeholder run already expanded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import (
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+)
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+from engine.multimodal.image_input import ImageInput
+from tests.helpers.tiny_models import VOCAB, _tokenizer
+
+# The placeholder ids sit at the top of the tiny vocabulary (the BPE tokenizer never produces them).
+VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN = VOCAB - 4, VOCAB - 3, VOCAB - 2, VOCAB - 1
+_TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6, eos_token_id=0, pad_token_id=1,
+             bos_token_id=None)
+_IDS = dict(image_token_id=IMAGE_TOKEN, video_token_id=VIDEO_TOKEN, vision_start_token_id=VISION_START,
+            vision_end_token_id=VISION_END)
+PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16}
+
+
+def build_tiny_vlm(folder: Path, family: str, seed: int = 0, tie: bool = False) -> Path:
+    """Writes config.json + model.safetensors + tokenizer into folder; returns folder. Qwen2.5-VL's window (56
+    pixels: 2 x 2 merged tokens) is smaller than the test images, so window and full attention blocks differ."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _tokenizer(folder)
+    torch.manual_seed(seed)
+    model: torch.nn.Module
+    if family == "qwen2_5_vl":
+        vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, spatial_merge_size=2,
+                      temporal_patch_size=2, window_size=56, out_hidden_size=64, fullatt_block_indexes=[1])
+        text = dict(_TEXT, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                            "mrope_section": [2, 3, 3]})
+        cfg = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie, **_IDS)
+        model = Qwen2_5_VLForConditionalGeneration(cfg)
+    elif family == "qwen3_vl":
+        vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
+                      temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16,
+                      deepstack_visual_indexes=[0, 1])
+        text = dict(_TEXT, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                         "mrope_section": [2, 3, 3], "mrope_interleaved": True})
+        cfg = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie, **_IDS)
+        model = Qwen3VLForConditionalGeneration(cfg)
+    else:
+        raise ValueError(family)
+    with torch.no_grad():  # random init is small; wider weights spread the logits so tests are sensitive
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def processor(family: str) -> Qwen2VLImageProcessorPil:
+    """The family's image processor (transformers' PIL one), with a pixel range for small test images."""
+    patch = PATCH[family]
+    unit = (patch * 2) ** 2
+    return Qwen2VLImageProcessorPil(patch_size=patch, merge_size=2, temporal_patch_size=2, min_pixels=unit * 4,
+                                    max_pixels=unit * 64)
+
+
+def random_image(width: int, height: int, seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray((rng.random((height, width, 3)) * 255).astype("uint8"))
+
+
+def image_input(family: str, image: Image.Image) -> ImageInput:
+    out = processor(family)(images=[image], return_tensors="pt")
+    t, h, w = out["image_grid_thw"][0].tolist()
+    return ImageInput.of(out["pixel_values"], (t, h, w))
+
+
+def text_ids(n: int, seed: int) -> list[int]:
+    """Random ids of ordinary tokens (none of the vision ids)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(2, VISION_START, n).tolist()
+
+
+def expand(ids: list[int], images: list[ImageInput], at: list[int]) -> list[int]:
+    """ids with each image's vision_start, placeholder run and vision_end inserted before position at[i]."""
+    out: list[int] = []
+    prev = 0
+    for image, pos in zip(images, at, strict=True):
+        out += ids[prev:pos] + [VISION_START] + [IMAGE_TOKEN] * image.num_tokens + [VISION_END]
+        prev = pos
+    return out + ids[prev:]
