@@ -20,7 +20,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading.weight_update import apply_weights, stage_weights
 from engine.parallel.local import run_local
-from protocol.sampling import SamplingParams
+from protocol.sampling import PoolingParams, SamplingParams
 from rulebook.pooling import pooled_position
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
 from tests.helpers.tiny_classifiers import build_classifier
@@ -192,7 +192,7 @@ def test_classifier_score_head_upcast(tmp_path: Path) -> None:
     ref = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.bfloat16).eval()
     prompts = [rand_ids(n, seed=n) for n in (5, 17)]
     outs = make_engine(path, dtype="bfloat16", head_dtype="float32").generate(
-        prompts, SamplingParams(max_tokens=0, classify=True), check=True)
+        prompts, SamplingParams(max_tokens=0, pooling=PoolingParams()), check=True)
     for ids, out in zip(prompts, outs, strict=True):
         normed = ref.model(torch.tensor([ids])).last_hidden_state[0, pooled_position(ids, ref.config.pad_token_id)]
         want = F.linear(normed.float(), ref.score.weight.float())
