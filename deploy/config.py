@@ -107,9 +107,9 @@ class AppConfig(DerivedFields):  # type: ignore[misc,valid-type]
     # SecretStr: a config printed or logged shows '**********', never a key.
     api_keys: list[SecretStr] | None = Field(None, description="Accepted `Authorization: Bearer` keys (every route but "
                                        "/health and the API docs); also from $RAYSCORE_API_KEYS, comma-separated.")
-    admin_api_keys: list[SecretStr] | None = Field(None, description="Keys that open the admin routes "
-                                             "(/update_weights_from_disk, /flush_cache), which no `api_keys` key "
-                                             "opens; also from $RAYSCORE_ADMIN_API_KEYS.")
+    admin_api_keys: list[SecretStr] | None = Field(None, description="Keys that open the admin routes (weight "
+                                             "updates, cache flush, pause, continue, abort, adapter loading), which "
+                                             "no `api_keys` key opens; also from $RAYSCORE_ADMIN_API_KEYS.")
     allow_unauthenticated: bool = Field(False, description="Serve without API keys on a non-loopback address on "
                                         "purpose; otherwise such a config refuses to start.")
 

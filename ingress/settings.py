@@ -55,6 +55,12 @@ class IngressSettings:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # Keys the admin routes (weight updates, cache flush) take; a plain api_key never opens them (edge/auth.py).
     admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # Closed by default: with no admin key configured, anyone who can reach the server could otherwise pause it.
+    open_admin_routes: bool = _doc(False, "Open the admin routes (pause, continue, abort, weight updates, adapter "
+                                   "loading, cache flush) without an admin key to every client that passes the API-key "
+                                   "check: only on a trusted network. Default: they answer 401 unless "
+                                   "`admin_api_keys` is set and the client sends one (when set, it is always "
+                                   "required).")
 
     def __post_init__(self) -> None:
         for name in ("max_batch_items", "max_stop_strings", "max_stop_string_chars", "max_stop_token_ids",

@@ -184,6 +184,8 @@ class WorkerStats:
     # scoring requests into one call (ingress/coalesce.py), so requests / calls is how much it did.
     whole_calls: int = 0
     whole_requests: int = 0
+    # SGLang's pause mode while generation is paused (POST /pause_generation), None while generating.
+    paused: str | None = None
 
 
 def error_chunk(rid: str, message: str, code: int | None = None, after: GenerateChunk | None = None) -> GenerateChunk:

@@ -122,4 +122,6 @@ class ErrorBody(BaseModel):
 
 
 class HealthBody(BaseModel):
-    status: Literal["ok", "unavailable"]
+    status: Literal["ok", "paused", "unavailable"]
+    pause_mode: str | None = Field(None, description="SGLang's pause mode while generation is paused (status "
+                                   "paused): requests wait at most `pause_timeout_s`, then answer 503.")

@@ -16,6 +16,7 @@ import httpx
 
 from ingress.app import build_fastapi_app
 from ingress.lifecycle import all_or_none
+from ingress.settings import IngressSettings
 from workers.protocol import (
     DEFAULT_WEIGHT_VERSION,
     FinishReason,
@@ -80,6 +81,7 @@ class FakeBackend:
         self.weight_updates: list[WeightUpdate] = []
         self.controls: list[tuple[str, str | None]] = []
         self.version = DEFAULT_WEIGHT_VERSION
+        self.pause_mode: str | None = None  # as the workers would report it after the controls recorded
 
     async def model_info(self) -> ModelInfo:
         if isinstance(self.info, Exception):
@@ -119,6 +121,9 @@ class FakeBackend:
     async def ready(self) -> bool:
         return self.is_ready
 
+    async def paused(self) -> str | None:
+        return self.pause_mode
+
     # Weights: the real broadcast is the workers' (tests/e2e/test_weight_update.py); this one records the calls.
     async def update_weights(self, req: WeightUpdate) -> WeightUpdateResult:
         self.weight_updates.append(req)
@@ -151,11 +156,13 @@ class FakeBackend:
     # tests/e2e/test_sglang_control.py); this one records the calls.
     async def control(self, kind: str, arg: str | None = None) -> WeightUpdateResult:
         self.controls.append((kind, arg))
+        if kind in ("pause", "continue"):
+            self.pause_mode = arg if kind == "pause" else None
         return WeightUpdateResult(True, f"{kind} done on 1 replica(s).", 2 if kind != "continue" else 0, self.version)
 
 
-def client(backend: FakeBackend) -> httpx.AsyncClient:
-    app = build_fastapi_app(backend)
+def client(backend: FakeBackend, settings: IngressSettings | None = None) -> httpx.AsyncClient:
+    app = build_fastapi_app(backend, settings)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
