@@ -73,6 +73,18 @@ def private_haproxy_files(run_dir: str, stats_port: int, metrics_port: int) -> d
             "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{run_dir}/metrics.sock"}
 
 
+def haproxy_config_file(environ: Mapping[str, str], node_id: str) -> str:
+    """The HAProxy configuration file Ray writes for the node (and names on each HAProxy's command line): Ray puts
+    it in a folder named by the node id beside the configured path."""
+    given = environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")
+    if not given:
+        from ray.serve._private import constants
+
+        given = str(getattr(constants, "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "/tmp/haproxy-serve/haproxy.cfg"))
+    folder, name = os.path.split(given)
+    return os.path.join(folder, node_id, name)
+
+
 def haproxy_unavailable() -> str | None:
     """Why Serve's HAProxy ingress cannot run here, or None when it can."""
     try:

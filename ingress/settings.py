@@ -27,7 +27,7 @@ class IngressSettings:
     # Fan-out and field bounds (limits.py): one client's valid-looking request must not cost the workers more than
     # their queues hold, nor every generated token a scan of a million stop strings.
     max_batch_items: int = _doc(32, "Most worker requests one HTTP request may make: /generate batch items, "
-                                "OpenAI prompts, /v1/score items x labels (400 above it).")
+                                "OpenAI prompts, /v1/score items (400 above it).")
     max_stop_strings: int = _doc(16, "Most stop strings one request may give (400 above it).")
     max_stop_string_chars: int = _doc(256, "Longest stop string, characters (400 above it).")
     max_stop_token_ids: int = _doc(256, "Most stop_token_ids one request may give (400 above it).")

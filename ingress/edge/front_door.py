@@ -7,7 +7,9 @@ also accepts about a megabyte of headers, and answers its own `/-/routes` to any
 all of that: Serve wraps its proxy's app and each ingress replica's HTTP server in the middlewares that the function
 named by RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH returns (deploy/launch.py sets it to `middlewares` below).
 
-Per request, before Serve sees it: a header value that is not UTF-8 is a 400 naming the header; headers over
+Per request, before Serve sees it: the request gets exactly one X-Request-ID (the client's when it is short and plain,
+else a made one in its place), so Serve's own echo of it is the only one in the answer and the ingress, seeing the
+same id, adds none; a header value that is not UTF-8 is a 400 naming the header; headers over
 `max_header_bytes` in all are a 431; `/-/` routes other than the health probe need an API key when keys are set
 (the proxy runs in no app: it sees the environment's keys, $RAYSCORE_API_KEYS, and the launcher's SHA-256 digests of
 the app config's keys, $RAYSCORE_PROXY_KEY_SHA256).
@@ -24,6 +26,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ingress.app import error_shape
 from ingress.edge.auth import check_authorization, resolve_keys
+from ingress.edge.request_id import HEADER as REQUEST_ID
+from ingress.edge.request_id import new_id, usable_id
 from ingress.errors import IngressError, InvalidRequest, JSONAnswer
 
 # What the launcher passes (the proxy runs in no app, so its settings come from the environment).
@@ -38,9 +42,11 @@ SERVE_PREFIX = "/-/"
 OPEN_SERVE_PATHS = frozenset({"/-/healthz"})
 
 
-def header_violation(headers: list[tuple[bytes, bytes]], limit: int) -> IngressError | None:
-    """The first thing wrong with a request's headers: their size (431), then a value that is not UTF-8 (400)."""
-    size = sum(len(k) + len(v) + 4 for k, v in headers)  # "name: value\r\n"
+def header_violation(headers: list[tuple[bytes, bytes]], limit: int,
+                     sent: list[tuple[bytes, bytes]] | None = None) -> IngressError | None:
+    """The first thing wrong with a request's headers: their size as `sent` (431), then a value that is not UTF-8
+    (400)."""
+    size = sum(len(k) + len(v) + 4 for k, v in (headers if sent is None else sent))  # "name: value\r\n"
     if size > limit:
         return InvalidRequest(TOO_LARGE.format(size=size, limit=limit), status=431)
     for key, value in headers:
@@ -73,8 +79,10 @@ class FrontDoorGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = list(scope.get("headers", ()))
-        error = header_violation(headers, self.max_header_bytes)
+        sent = list(scope.get("headers", ()))
+        rid, headers = one_request_id(sent)
+        scope = {**scope, "headers": headers}
+        error = header_violation(headers, self.max_header_bytes, sent)
         path = scope.get("path", "")
         if error is None and path.startswith(SERVE_PREFIX) and path not in OPEN_SERVE_PATHS:
             auth = next((v.decode("latin-1") for k, v in headers if k.lower() == b"authorization"), None)
@@ -85,8 +93,17 @@ class FrontDoorGuard:
         if error is None:
             await self.app(scope, receive, send)
             return
-        answer = JSONAnswer(error_shape(path)(error), status_code=error.status, headers=error.headers())
+        answer = JSONAnswer(error_shape(path)(error), status_code=error.status,
+                            headers={**error.headers(), "X-Request-ID": rid})
         await answer(scope, receive, send)
+
+
+def one_request_id(headers: list[tuple[bytes, bytes]]) -> tuple[str, list[tuple[bytes, bytes]]]:
+    """The request's id and its headers with exactly one X-Request-ID holding it: the client's first when usable,
+    else a made one (an id with spaces or beyond ASCII is replaced, never passed on beside another)."""
+    given = [v for k, v in headers if k.lower() == REQUEST_ID.encode()]
+    rid = (usable_id(given[0]) if given else None) or new_id()
+    return rid, [(k, v) for k, v in headers if k.lower() != REQUEST_ID.encode()] + [(REQUEST_ID.encode(), rid.encode())]
 
 
 def _hashed(authorization: str | None) -> str | None:
