@@ -1,7 +1,8 @@
 """The header guard in front of Serve's Python proxy on the session's Serve instance, with raw sockets against
-127.0.0.1: a header value that is not UTF-8 in a header Serve reads itself (X-Request-ID, the request timeout, the
-multiplexed model id) was the proxy's plain-text 500; it is a 400 naming the header. Headers beyond max_header_bytes
-are a 431, and valid values of those headers are served as before."""
+127.0.0.1: a header value that is not UTF-8 in a header Serve reads itself (the request timeout, the multiplexed
+model id) was the proxy's plain-text 500; it is a 400 naming the header, and such an X-Request-ID is replaced (one id
+in every answer). Headers beyond max_header_bytes are a 431, a path beyond max_url_bytes a 414, and valid values of
+those headers are served as before."""
 
 from __future__ import annotations
 
