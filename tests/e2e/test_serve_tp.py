@@ -166,7 +166,8 @@ def test_adapters_over_two_ranks_from_the_config_and_loaded_at_run_time(serve_ur
     b = build_adapter(tmp_path / "b", base, rank=8, seed=22, targets=["q_proj", "v_proj", "down_proj"])
     app, url = "tplora", serve_url + "/tplora"
     deploy(app, "/tplora", _tp_args(model=str(base), tensor_parallel_size=2, worker_num_cpus=0.25,
-                                    max_num_batched_tokens=64, lora_adapters={"a": str(a)}))
+                                    max_num_batched_tokens=64, lora_adapters={"a": str(a)},
+                                    open_admin_routes=True))
     try:
         assert len(_alive_ranks()) == 1
         r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": str(b)}, timeout=60)
