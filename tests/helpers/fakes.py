@@ -50,6 +50,10 @@ def fake_model(req: GenerateRequest) -> Script:
             prompt_tokens=len(ids),
             input_token_logprobs=[[-0.5 * t, t] for t in rows],
             input_top_logprobs=[[[-0.1, j] for j in range(k)] for _ in rows] if k else None,
+            # Each asked id's value is -id / 100 at every row: distinct per id, so a renderer's pick is visible.
+            input_token_ids_logprobs=[[[-0.01 * t, t] for t in cands or []] for cands in
+                                      req.params.row_token_ids(req.params.logprob_start_len, len(ids) - 2)]
+            if req.params.asks_token_ids else None,
         )
         return
     tok = ids[-1]
