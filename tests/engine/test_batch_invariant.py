@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.invariance.device import BESIDE, run_case, served
-from bench.invariance.device import NEEDLES as SHORT_NEEDLES
+from checks.invariant_device import BESIDE, run_case, served
+from checks.invariant_device import NEEDLES as SHORT_NEEDLES
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput, merge_outputs
@@ -159,7 +159,7 @@ def test_control_default_mode_moves_bits(smollm2_path: Path) -> None:
 
 # The case that showed MKL's row bits moving with the call's row count on an AVX-512 Xeon: short needles whose
 # steps have few rows alone (a 24-token prefill, then 1-row decode steps), and 57-255 rows when 60-180-token
-# prompts are prefilled beside them, or over 256 rows when several are (bench/invariance/device.py's cases).
+# prompts are prefilled beside them, or over 256 rows when several are (checks/invariant_device.py's cases).
 SHORT = NEEDLE[:24]
 
 
