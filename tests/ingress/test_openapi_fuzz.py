@@ -1,13 +1,13 @@
 """The OpenAPI document is honest: schemathesis (pinned) runs every route of the app over the fake backend
 (tests/helpers/openai_fakes.py: every route), in-process, with a fixed seed, and every answer is a documented
-status with its documented body and content type, never a 5xx. bench/serving/fuzz.py is the same run against a live
+status with its documented body and content type, never a 5xx. checks/fuzz.py is the same run against a live
 server (the reliability script)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.serving.fuzz import fuzz_schema
+from checks.fuzz import fuzz_schema
 from ingress.app import build_fastapi_app
 from ingress.settings import IngressSettings
 from tests.helpers.openai_fakes import Backend
