@@ -156,6 +156,7 @@ class HandleBackend:
         self._info_at = 0.0
         self._info_refresh: asyncio.Task[None] | None = None
         self._text = LazyText()
+        self._warming: asyncio.Task[None] | None = None
 
     async def model_info(self) -> ModelInfo:
         if self._info is None:
@@ -346,12 +347,27 @@ class HandleBackend:
         response = self._worker.stats.remote()
         try:
             await asyncio.wait_for(_await(response), timeout=self._ready_timeout_s)
-            return True
         except Exception as exc:  # a dead, missing or busy worker all mean "not ready"
             with contextlib.suppress(Exception):
                 response.cancel()
             logger.info("worker not ready: %s", type(exc).__name__)
             return False
+        self.warm()
+        return True
+
+    def warm(self) -> None:
+        """Load the tokenizer in the background once a worker can tell the model (a health probe, Serve's health
+        check), not inside the first request, which would otherwise spend the load's seconds before any worker."""
+        if not self._text.loaded and self._warming is None:
+            self._warming = asyncio.create_task(self._warm_text())
+
+    async def _warm_text(self) -> None:
+        try:
+            await self._text_side()
+        except Exception as exc:  # noqa: BLE001  # the first request that needs the text side tries again
+            logger.info("tokenizer warm-up failed: %s", type(exc).__name__)
+        finally:
+            self._warming = None
 
     async def paused(self) -> str | None:
         response = self._worker.stats.remote()

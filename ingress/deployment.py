@@ -110,6 +110,11 @@ class Ingress:
             self._metrics = IngressMetrics(replica_label())
         return build_fastapi_app(self._backend, self._settings, self._retries, on_request=self._metrics.observe)
 
+    async def check_health(self) -> None:
+        """Serve's periodic health check: never fails the replica (a worker's absence is /health's 503), and
+        loads the tokenizer once the workers answer (HandleBackend.warm)."""
+        self._backend.warm()
+
     async def stats(self) -> IngressStats:
         """This replica's counters (handle method; HTTP routes are the app's)."""
         return IngressStats(retries=self._retries.total)

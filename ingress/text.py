@@ -117,6 +117,10 @@ class LazyText:
         self._text.info = info
         return self._text
 
+    @property
+    def loaded(self) -> bool:
+        return self._text is not None
+
 
 def _strings(value: object) -> Iterator[str]:
     """Every string inside a JSON value (the messages' contents, names, tool calls' arguments, without the roles):

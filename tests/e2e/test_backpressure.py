@@ -26,8 +26,12 @@ def test_serve_backpressure_is_503_with_retry_after_at_once(serve_url: str) -> N
               name=app, route_prefix="/backpressure", blocking=False)
     wait_ready(app)
     try:
+        # A warm ingress: its tokenizer loaded (/tokenize needs no worker), as after Serve's first health check.
+        assert httpx.post(url + "/tokenize", json={"prompt": "Count:"}, timeout=120).status_code == 200
         # Long enough to still run when the refused requests arrive (~1 s later): seconds on any CPU.
-        long = {"prompt": "Count:", "max_tokens": 150, "ignore_eos": True}
+        # Ids, not text: the held requests reach the worker without the ingress's tokenizer in between, so they
+        # surely hold its slot and queue place before the refused ones are sent.
+        long = {"input_ids": [504, 3458, 282, 4649, 314], "max_tokens": 150, "ignore_eos": True}
         held: list[httpx.Response] = []
         threads = [threading.Thread(target=lambda: held.append(httpx.post(url + "/generate", json=long, timeout=300)))
                    for _ in range(2)]  # one runs, one waits in Serve's queue
