@@ -23,9 +23,9 @@ from tests.helpers.reference import hf_scores
 from tests.helpers.serve import alive, app_args, ids_of, score_body, wait_ready, worker_stats
 
 APP, PREFIX = "lifetime", "/lifetime"
-# 20 items x 2 labels = 40 worker requests: over the default max_batch_items (32), under 64.
+# 40 items (one worker request each): over the default max_batch_items (32), under 64.
 IDS = ids_of(40, 7)
-SCORE = {"query": [5, 6, 7], "items": [[10 + i] for i in range(20)], "label_token_ids": [1, 2]}
+SCORE = {"query": [5, 6, 7], "items": [[10 + i] for i in range(40)], "label_token_ids": [1, 2]}
 
 
 def deploy_config(ingress: dict[str, Any] | None = None, worker: dict[str, Any] | None = None) -> None:
@@ -80,7 +80,7 @@ def test_limit_redeploy_in_place_and_nothing_left_after_delete(serve_url: str, s
             while (r := c.post("/v1/score", json=SCORE)).status_code == 400:
                 assert time.monotonic() < deadline, "the new limit never reached the running ingress"
                 time.sleep(0.5)
-            assert r.status_code == 200 and len(r.json()["scores"]) == 20, r.text
+            assert r.status_code == 200 and len(r.json()["scores"]) == 40, r.text
             assert c.post("/generate", json=score_body(IDS, 2, k=3)).status_code == 200
 
             # Only the worker's user_config changes: a lower top-k limit, and a step budget that chunks the prompt.
