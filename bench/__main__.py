@@ -14,7 +14,8 @@ Tools, by folder (bench/lib/ holds the harness, timing and reports; bench/worklo
                parallelism's per-step cost), score_memory (a scoring chunk's peak bytes per logit on CPU)
   device/      cuda_check (the prepared GPU run: float32 exactness, 8B bf16 MFU; --cpu-smoke on CPU)
   serving/     reliability (flood, kill, drain, abandon against a server), offline (rayscore-batch vs a loop),
-               lm_eval_compare (lm-eval through rayscore vs its hf backend), prefix_routing (cache-aware routing)
+               lm_eval_compare (lm-eval through rayscore vs its hf backend), prefix_routing (cache-aware routing),
+               peer_vllm (vLLM 0.32's CPU build on the same requests: answers field by field, tokens/s)
   invariance/  invariant (batch-invariant mode vs the default), invariant_cost (its per-kernel cost),
                invariant_device (the mode's checks and bits on this device)
   workloads/   compact (logprob answers as JSON vs the compact encoding: bytes and requests/s over HTTP at
@@ -87,6 +88,7 @@ _TOOLS = {
     "invariant_device": "bench.invariance.device",
     "compact": "bench.workloads.compact",
     "cluster_faults": "bench.serving.cluster_faults", "front_door": "bench.serving.front_door",
+    "peer_vllm": "bench.serving.peer_vllm",
 }
 
 

@@ -114,9 +114,9 @@ def token_id_logprobs_b64(tr: TokenRequest, chunk: GenerateChunk) -> str | None:
 
 
 def logprobs_json(tr: TokenRequest, chunk: GenerateChunk) -> dict[str, Any] | None:
-    if tr.logprobs is None and tr.logprob_token_ids is None:
+    if tr.logprobs is None:  # vLLM's route answers logprob_token_ids only with `logprobs` (equal to their count)
         return None
-    n = tr.logprobs if tr.logprobs is not None else len(tr.logprob_token_ids or ())
+    n = tr.logprobs
     content = []
     tops = chunk.output_top_logprobs or []
     picked = chunk.output_token_ids_logprobs or []
@@ -141,9 +141,13 @@ def _weight_versions(chunk: GenerateChunk, generated: int) -> list[dict[str, Any
     return [{"version": chunk.weight_version, "start": 0, "end": generated}]
 
 
-def _stop_reason(chunk: GenerateChunk) -> int | str | None:
+def _stop_reason(tr: TokenRequest, chunk: GenerateChunk) -> int | str | None:
+    """The stop string or stop token id that ended generation; None on the end-of-text token (vLLM's)."""
     finish = chunk.finish_reason
-    return finish.matched if finish is not None and finish.type == "stop" else None
+    if finish is None or finish.type != "stop":
+        return None
+    matched = finish.matched
+    return matched if isinstance(matched, str) or matched in tr.request.params.stop_token_ids else None
 
 
 def _finish(chunk: GenerateChunk) -> str | None:
@@ -152,7 +156,8 @@ def _finish(chunk: GenerateChunk) -> str | None:
 
 def usage_json(chunk: GenerateChunk, prompt_len: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt_len, "total_tokens": prompt_len + chunk.completion_tokens,
-            "completion_tokens": chunk.completion_tokens, "prompt_tokens_details": None}
+            "completion_tokens": chunk.completion_tokens, "prompt_tokens_details": None,
+            "completion_tokens_details": None}
 
 
 async def answer_json(tr: TokenRequest, whole: GenerateChunk, model: str, texts: Mapping[int, str],
@@ -162,7 +167,7 @@ async def answer_json(tr: TokenRequest, whole: GenerateChunk, model: str, texts:
     prompt_logprobs = None
     if tr.prompt_logprobs is not None:
         prompt_logprobs = await prompt_logprobs_json(tr, whole, texts, decode)
-    choice = {"index": 0, "finish_reason": _finish(whole) or "stop", "stop_reason": _stop_reason(whole),
+    choice = {"index": 0, "finish_reason": _finish(whole) or "stop", "stop_reason": _stop_reason(tr, whole),
               "token_ids": list(whole.output_ids), "routed_experts": None, "sampling_mask": None,
               "weight_versions": _weight_versions(whole, len(whole.output_ids)),
               "logprobs": logprobs_json(tr, whole)}
@@ -178,7 +183,7 @@ def stream_chunk_json(tr: TokenRequest, chunk: GenerateChunk, first: bool, gener
     """One streamed chunk (GenerateTokensStreamResponse): the new ids; the prompt's ids on the first with
     return_token_ids; weight_versions on the final one only."""
     finish = _finish(chunk)
-    choice = {"index": 0, "finish_reason": finish, "stop_reason": _stop_reason(chunk),
+    choice = {"index": 0, "finish_reason": finish, "stop_reason": _stop_reason(tr, chunk),
               "token_ids": list(chunk.output_ids), "routed_experts": None, "sampling_mask": None,
               "weight_versions": _weight_versions(chunk, generated) if finish is not None else None,
               "logprobs": logprobs_json(tr, chunk)}
