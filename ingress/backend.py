@@ -74,6 +74,11 @@ class Backend(Protocol):
 
     # The served tokenizer (ingress/text.py: the ingress's own, loaded from the model folder; no worker call).
     # Each raises when no worker has told the model yet.
+    async def paused(self) -> str | None:
+        """The pause mode a worker reports (a pause holds every replica), None while generating or when no worker
+        answers; never raises."""
+        ...
+
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """`text`'s ids; by default exactly as a text prompt of `generate` is tokenized."""
         ...
@@ -238,6 +243,16 @@ class HandleBackend:
             raise
         except Exception as exc:
             raise _translated(exc) from exc
+
+    async def paused(self) -> str | None:
+        response = self._worker.stats.remote()
+        try:
+            stats = await asyncio.wait_for(_await(response), timeout=self._ready_timeout_s)
+        except Exception:  # noqa: BLE001  # no answer: ready() reports that; the pause is unknown
+            with contextlib.suppress(Exception):
+                response.cancel()
+            return None
+        return getattr(stats, "paused", None)
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return await asyncio.to_thread((await self._text_side()).encode, text, add_special_tokens)

@@ -101,3 +101,5 @@ class WorkerStats:
     whole_requests: int = 0
     # Streaming calls (generate) served: with whole_calls, every request-carrying call this replica took.
     stream_calls: int = 0
+    # The pause's mode while generation is paused (SGLang's /pause_generation, vLLM's /pause), None while generating.
+    paused: str | None = None

@@ -76,6 +76,12 @@ START_NEGATIVE = "prompt_logprob_start must be non-negative."
 START_NEEDS_ROWS = "prompt_logprob_start requires prompt_logprob_token_ids."
 NEGATIVE_IDS = "token_ids must not contain negative values"
 ABORT_IDS = "Missing 'request_ids' in request body"
+# vLLM's RL routes (ingress/vllm/rl_routes.py).
+PAUSE_MODE = "The mode {mode!r} is not one of vLLM's pause modes: abort, wait, keep."
+QUERY_BOOL = "The query parameter {name}={value!r} must be true or false."
+INVALID_JSON = "Invalid JSON format"
+NOT_OBJECT = "Request body must be a JSON object"
+IDS_NOT_STRINGS = "The request_ids must be a list of request id strings."
 
 
 def _neutral_text(values: tuple[Any, ...]) -> str:

@@ -27,7 +27,7 @@ from protocol import (
     merge_outputs,
     until_finished,
 )
-from protocol.control import FlushCache, GenerationControl, Resume
+from protocol.control import FlushCache, GenerationControl, Pause, Resume
 
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=512, logprobs_mode="raw_logprobs")
 HANG = object()  # in a script: wait forever (a long prefill, a stuck worker)
@@ -151,8 +151,14 @@ class FakeBackend:
         if isinstance(op, FlushCache):
             return WeightUpdateResult(True, "Cache flushed.", 0, self.version)
         self.controls.append(op)
+        if isinstance(op, Pause | Resume):
+            self.pause_mode = op.mode if isinstance(op, Pause) else None
         return WeightUpdateResult(True, f"{type(op).__name__} done on 1 replica(s).",
                                   0 if isinstance(op, Resume) else 2, self.version)
+
+
+    async def paused(self) -> str | None:
+        return getattr(self, "pause_mode", None)
 
 
 def client(backend: FakeBackend) -> httpx.AsyncClient:
