@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         _wait(vllm_url, proc, 900)
         print("vLLM alone: scoring workload ...", flush=True)
         report["vllm_tokens_per_s"] = asyncio.run(_throughput(vllm_url, load, args.clients))
+        print(f"  vLLM: {report['vllm_tokens_per_s']:.0f} prompt tokens/s", flush=True)
         rs_url = start_rayscore(model, args.threads)
         print("both: the same requests, compared field by field ...", flush=True)
         report["compare"] = check(rs_url, vllm_url, ids_list)
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     print("rayscore alone: scoring workload ...", flush=True)
     try:
         report["rayscore_tokens_per_s"] = asyncio.run(_throughput(rs_url, load, args.clients))
+        print(f"  rayscore: {report['rayscore_tokens_per_s']:.0f} prompt tokens/s", flush=True)
     finally:
         import ray
         from ray import serve

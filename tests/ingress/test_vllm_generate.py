@@ -1,7 +1,7 @@
 """vLLM 0.32's POST /inference/v1/generate on the real engine (in process, the embedded model in float32): its
 scoring fields against transformers (1e-4), vLLM's answer shapes (prompt_logprobs with flat_logprobs' row 0, the
 compact prompt_token_id_logprobs with -1 pads at -inf, streamed chunks), and a 400 naming every field it does not
-honour. The answers against vLLM itself: bench/peer (make peer-vllm)."""
+honour. The answers against vLLM itself: bench/serving/peer_vllm.py (make peer-vllm)."""
 
 from __future__ import annotations
 
