@@ -151,3 +151,29 @@ async def test_refusals_name_the_field(client: httpx.AsyncClient, sp: dict, body
 async def test_abort_requests_needs_ids(client: httpx.AsyncClient) -> None:
     resp = await client.post("/inference/v1/abort_requests", json={})
     assert resp.status_code == 400 and resp.json()["error"]["message"] == "Missing 'request_ids' in request body"
+
+
+async def test_logprob_token_ids_on_completions_and_chat(client: httpx.AsyncClient, logprobs: torch.Tensor,
+                                                         smollm2_path: Path) -> None:
+    """vLLM's logprob_token_ids on its OpenAI routes: each generated token's alternatives are itself then the ids."""
+    ids = [7, 42, 1000]
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    lp = logprobs[len(IDS) - 1]
+    resp = await client.post("/v1/completions", json={"prompt": IDS, "max_tokens": 1, "temperature": 0, "logprobs": 1,
+                                                      "logprob_token_ids": ids})
+    assert resp.status_code == 200, resp.text
+    (top,) = resp.json()["choices"][0]["logprobs"]["top_logprobs"]
+    first = int(lp.argmax())
+    assert list(top) == [tok.decode([t]) for t in [first, *ids]]
+    assert all(abs(v - lp[t].item()) <= 1e-4 for v, t in zip(top.values(), [first, *ids], strict=True))
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0, "logprobs": True,
+            "logprob_token_ids": ids}
+    resp = await client.post("/v1/chat/completions", json=chat)
+    assert resp.status_code == 200, resp.text
+    (step,) = resp.json()["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in step["top_logprobs"]][1:] == [tok.decode([t]) for t in ids]
+    resp = await client.post("/v1/chat/completions", json={**chat, "logprobs": False})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "logprob_token_ids"
+    resp = await client.post("/v1/completions", json={"prompt": IDS, "max_tokens": 1, "logprobs": 0,
+                                                      "logprob_token_ids": [10**6]})
+    assert resp.status_code == 400 and "out-of-vocab" in resp.json()["error"]["message"]
