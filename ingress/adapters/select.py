@@ -4,10 +4,23 @@ so the request carries the adapter's folder and any worker replica can serve it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ingress.backend import Backend
 from ingress.errors import InvalidRequest, NotFound
 from protocol import ModelInfo
 from rulebook.adapters import UNKNOWN_ADAPTER, UNKNOWN_MODEL
+
+if TYPE_CHECKING:
+    from ingress.lifecycle import Batch
+
+
+async def served_model(backend: Backend, batch: Batch, model: str | None) -> ModelInfo:
+    """The one preamble of the routes whose body names a `model` (OpenAI's and vLLM's shapes): the served model's
+    info, with the adapter `model` names set on the batch (a 404 naming what is served for any other name)."""
+    info = await backend.model_info()
+    batch.adapter = await adapter_for_model(backend, model, info)
+    return info
 
 
 async def adapter_for_model(backend: Backend, model: str | None, info: ModelInfo) -> tuple[str, str] | None:

@@ -16,7 +16,7 @@ import uuid
 from fastapi import Request
 from starlette.responses import Response
 
-from ingress.adapters.select import adapter_for_model
+from ingress.adapters.select import adapter_for_model, served_model
 from ingress.backend import Backend
 from ingress.classify.activation import activate, predicted
 from ingress.classify.schemas import ClassifyBody, Input, PoolingBody
@@ -67,8 +67,7 @@ class ClassifyRoutes:
         return JSONAnswer(_listing(f"classify-{_base()}", info, data, ids))
 
     async def _pooling(self, body: PoolingBody, batch: Batch) -> Response:
-        info = await self._backend.model_info()
-        batch.adapter = await adapter_for_model(self._backend, body.model, info)
+        info = await served_model(self._backend, batch, body.model)
         check_classifier(info, "/pooling route")
         if body.task not in (None, "classify"):
             raise InvalidRequest(pooling.POOLING_TASK.format(task=body.task), param="task")

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import Request
 from starlette.responses import Response
 
-from ingress.adapters.select import adapter_for_model
+from ingress.adapters.select import served_model
 from ingress.backend import Backend
 from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
@@ -122,8 +122,7 @@ class ChatRoutes:
         return await self._lifecycle.run(request, lambda batch: self._chat(body, batch))
 
     async def _chat(self, body: ChatBody, batch: Batch) -> Response:
-        info = await self._backend.model_info()
-        batch.adapter = await adapter_for_model(self._backend, body.model, info)
+        info = await served_model(self._backend, batch, body.model)
         settings = validate_chat(body.model_copy(update={"model": None}), info)
         check_causal(info, "/v1/chat/completions")
         prompt = await self._backend.apply_chat_template(settings.messages)

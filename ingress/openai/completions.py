@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from fastapi import Request
 from starlette.responses import Response
 
-from ingress.adapters.select import adapter_for_model
+from ingress.adapters.select import served_model
 from ingress.backend import Backend
 from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
@@ -131,8 +131,7 @@ class CompletionRoutes:
         return await self._lifecycle.run(request, lambda batch: self._complete(body, batch))
 
     async def _complete(self, body: CompletionBody, batch: Batch) -> Response:
-        info = await self._backend.model_info()
-        batch.adapter = await adapter_for_model(self._backend, body.model, info)
+        info = await served_model(self._backend, batch, body.model)
         settings = validate_completion(body.model_copy(update={"model": None}), info)
         check_causal(info, "/v1/completions")
         items = prompt_items(body.prompt)

@@ -22,7 +22,7 @@ import uuid
 from fastapi import Request
 from starlette.responses import Response
 
-from ingress.adapters.select import adapter_for_model
+from ingress.adapters.select import served_model
 from ingress.backend import Backend
 from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
@@ -100,8 +100,7 @@ class ScoreRoutes:
         return await self._lifecycle.run(request, lambda batch: self._score(body, batch))
 
     async def _score(self, body: ScoreBody, batch: Batch) -> Response:
-        info = await self._backend.model_info()
-        batch.adapter = await adapter_for_model(self._backend, body.model, info)
+        info = await served_model(self._backend, batch, body.model)
         query, items = validate_score(body.model_copy(update={"model": None}), info)
         check_causal(info, "/v1/score")
         labels = body.label_token_ids or []

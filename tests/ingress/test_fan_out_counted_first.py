@@ -1,6 +1,7 @@
 """Every fan-out bound is counted from the request itself, before any worker call: /v1/score's items x labels and
 a completions batch's prompts are refused with 400 naming `max_batch_items` without a text tokenized, and a route
-that tokenizes many texts does it in one worker call (one slot of a worker's queue per request)."""
+that tokenizes many texts does it in one call of the text side (ingress/text.py; the worker calls are counted in
+test_one_worker_call.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ LIMIT_NAME = "config field `max_batch_items`"
 
 
 class CountingBackend(Backend):
-    """The fake worker, with every call that reaches a worker counted (tokenizing included)."""
+    """The fake worker, with its answers and the text side's tokenizing counted."""
 
     def __init__(self) -> None:
         super().__init__()
