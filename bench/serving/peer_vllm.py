@@ -148,6 +148,29 @@ def _scoring_prompts(n: int, length: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(100, vocab - 100) for _ in range(length)] for _ in range(n)]
 
 
+def _alone(args: argparse.Namespace, model: str, load: list[list[int]]) -> None:
+    """One server's scoring workload, alone on the machine."""
+    if args.only == "vllm":
+        url, proc = start_vllm(args.vllm, model, args.threads, args.out / "peer_vllm_server.log")
+        try:
+            _wait(url, proc, 900)
+            rate = asyncio.run(_throughput(url, load, args.clients))
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    else:
+        import ray
+        from ray import serve
+
+        try:
+            rate = asyncio.run(_throughput(start_rayscore(model, args.threads), load, args.clients))
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+    print(f"{args.only} alone: {rate:.0f} prompt tokens/s ({args.prompts} x {args.tokens}-token scoring, "
+          f"{args.clients} clients)")
+
+
 def main(argv: list[str] | None = None) -> None:
     from engine.config import DEFAULT_MODEL
     from engine.loading.default_model import ensure_default_model
@@ -161,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--only", choices=("rayscore", "vllm"), default=None,
+                    help="time one server's scoring workload alone, no comparison (a rerun on a quieter machine)")
     args = ap.parse_args(argv)
     model = str(args.model or ensure_default_model())
     from transformers import AutoTokenizer
@@ -169,6 +194,9 @@ def main(argv: list[str] | None = None) -> None:
     ids_list = [tok.encode(t, add_special_tokens=False) for t in TEXTS]
     load = _scoring_prompts(args.prompts, args.tokens, len(tok))
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.only is not None:
+        _alone(args, model, load)
+        return
     report: dict[str, Any] = {"model": model, "threads": args.threads, "workload": {
         "prompts": args.prompts, "tokens": args.tokens, "clients": args.clients, "prompt_logprobs": 0}}
     vllm_url, proc = start_vllm(args.vllm, model, args.threads, args.out / "peer_vllm_server.log")

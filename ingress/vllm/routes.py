@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from ingress.adapters.select import adapter_for_model
+from ingress.adapters.select import served_model
 from ingress.backend import Backend
 from ingress.classify.validation import check_causal
 from ingress.errors import IngressError, InvalidRequest, JSONAnswer
@@ -53,8 +53,7 @@ class TokenRoutes:
         return await self._lifecycle.run(request, lambda batch: self._work(body, batch))
 
     async def _work(self, body: TokenGenerateBody, batch: Batch) -> Response:
-        info = await self._backend.model_info()
-        batch.adapter = await adapter_for_model(self._backend, body.model, info)
+        info = await served_model(self._backend, batch, body.model)
         check_causal(info, ROUTE)
         limit = info.max_top_logprobs if info.max_top_logprobs is not None else batch.settings.max_top_logprobs
         tr = parse(body, info, limit)
