@@ -38,10 +38,11 @@ def generate(url: str, n: int = NEW, request_id: str | None = None) -> dict:
     return resp.json()["choices"][0]
 
 
-def stream(url: str, seen: list[int]) -> dict:
+def stream(url: str, seen: list[int], request_id: str | None = None) -> dict:
     """A streamed request; `seen` grows with its tokens as they arrive. Its final choice, with every token."""
     body = {"token_ids": IDS, "stream": True,
-            "sampling_params": {"max_tokens": NEW, "temperature": 0, "ignore_eos": True}}
+            "sampling_params": {"max_tokens": NEW, "temperature": 0, "ignore_eos": True},
+            **({"request_id": request_id} if request_id else {})}
     last: dict = {}
     with httpx.stream("POST", url + "/inference/v1/generate", json=body, timeout=300) as resp:
         for line in resp.iter_lines():
@@ -91,9 +92,10 @@ def test_keep_freezes_and_resume_finishes_unchanged(app: str) -> None:
 
 
 def test_abort_mode_ends_requests_now(app: str) -> None:
+    seen: list[int] = []
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        running = pool.submit(generate, app)
-        time.sleep(1.0)
+        running = pool.submit(stream, app, seen)
+        until(lambda: len(seen) >= 5)
         admin(app, "/pause?mode=abort")
         got = running.result(timeout=300)
         assert got["finish_reason"] == "abort" and len(got["token_ids"]) < NEW
@@ -101,13 +103,13 @@ def test_abort_mode_ends_requests_now(app: str) -> None:
 
 
 def test_wait_mode_drains_then_holds_new_requests(app: str) -> None:
+    seen: list[int] = []
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        running = pool.submit(generate, app, 120)
-        time.sleep(0.5)
+        running = pool.submit(stream, app, seen)
+        until(lambda: len(seen) >= 5)
         assert admin(app, "/pause?mode=wait") == {"status": "paused"}
-        assert running.done(), "the pause returned once the request in flight had finished"
-        got = running.result()
-        assert got["finish_reason"] == "length" and len(got["token_ids"]) == 120
+        got = running.result(timeout=60)  # its last event was on its way when the pause returned
+        assert got["finish_reason"] == "length" and len(got["token_ids"]) == NEW
         late = pool.submit(generate, app, 8)
         time.sleep(1.5)
         assert not late.done() and is_paused(app)
@@ -116,14 +118,17 @@ def test_wait_mode_drains_then_holds_new_requests(app: str) -> None:
 
 
 def test_abort_requests_by_id_or_all(app: str) -> None:
+    one: list[int] = []
+    two: list[int] = []
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        named = pool.submit(generate, app, NEW, "rl-one")
-        other = pool.submit(generate, app, 60, "rl-two")
-        time.sleep(1.0)
+        named = pool.submit(stream, app, one, "rl-one")
+        other = pool.submit(stream, app, two, "rl-two")
+        until(lambda: len(one) >= 5 and len(two) >= 5)
         assert admin(app, "/abort_requests", {"request_ids": ["rl-one"]})["aborted"] == 1
         assert named.result(timeout=300)["finish_reason"] == "abort"
-        assert other.result(timeout=300)["finish_reason"] == "length"
-        again = [pool.submit(generate, app, NEW) for _ in range(2)]
-        time.sleep(1.0)
+        assert other.result(timeout=300)["finish_reason"] == "length" and len(two) == NEW
+        seen: list[list[int]] = [[], []]
+        again = [pool.submit(stream, app, s) for s in seen]
+        until(lambda: all(len(s) >= 5 for s in seen))
         assert admin(app, "/abort_requests", {})["aborted"] == 2
         assert [f.result(timeout=300)["finish_reason"] for f in again] == ["abort", "abort"]
