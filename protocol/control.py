@@ -15,6 +15,9 @@ PauseMode: TypeAlias = Literal["abort", "retract", "in_place"]
 @dataclass(frozen=True)
 class Pause:
     mode: PauseMode = "abort"
+    # First let the requests in flight finish while new ones wait, then pause (vLLM's /pause?mode=wait): the operation
+    # completes when the engine has drained.
+    drain: bool = False
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from rulebook.rules import Violation, is_neutral
 HONOURED_SHARED = (
     "model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
     "skip_special_tokens", "include_stop_str_in_output", "stream", "stream_options", "max_tokens", "logprobs",
-    "prompt_logprobs", "return_token_ids", "return_tokens_as_token_ids", "return_flat_logprobs_b64",
+    "prompt_logprobs", "logprob_token_ids", "return_token_ids", "return_tokens_as_token_ids",
+    "return_flat_logprobs_b64",
 )
 HONOURED_COMPLETIONS = (*HONOURED_SHARED, "prompt", "echo")
 HONOURED_CHAT = (*HONOURED_SHARED, "messages", "max_completion_tokens", "top_logprobs")
@@ -71,7 +72,6 @@ REFUSED: Mapping[str, Refused] = {
     "min_tokens": Refused("a minimum length is not implemented", (None, 0)),
     "bad_words": Refused("banned words are not implemented", (None, [])),
     "allowed_token_ids": Refused("allow-lists are not implemented"),
-    "logprob_token_ids": Refused("per-token-id logprobs are on /generate (token_ids_logprob)"),
     "truncate_prompt_tokens": Refused("prompts are never truncated: a long one is a 400", (None,)),
     "truncation_side": Refused("prompts are never truncated"),
     "add_special_tokens": Refused("text prompts are tokenized without special tokens", (None, False)),
@@ -146,6 +146,8 @@ def undeclared_field(name: str, value: Any) -> Violation | None:
 # vLLM's prompt_logprobs (its own texts for its own rules).
 PROMPT_LOGPROBS_NEGATIVE = "`prompt_logprobs` must be a positive value or -1."
 PROMPT_LOGPROBS_STREAM = "`prompt_logprobs` are not available when `stream=True`."
+# vLLM's chat rule, which this server applies to completions too (without `logprobs` the ids would go unanswered).
+IDS_NEED_LOGPROBS = "when using `logprob_token_ids`, `logprobs` must be set to true."
 # processed_logprobs applies the request's temperature only; vLLM's also applies top-k / top-p / min-p masks.
 PROCESSED_FILTERS = ("The server runs logprobs_mode processed_logprobs, whose logprobs follow the request's "
                      "temperature only: {name}={value} with logprobs is not supported (leave it at its default).")

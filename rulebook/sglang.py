@@ -73,6 +73,33 @@ START_PAST_END = ("The logprob_start_len {start} is past the prompt's last posit
                   "{num_ids}; SGLang's entries are input_ids[logprob_start_len:]).")
 START_BELOW = "The logprob_start_len {start} must be -1 (output tokens only) or at least 0."
 MAX_NEW_NEGATIVE = "The sampling_params.max_new_tokens {value} must be at least 0."
+# SGLang's per-position ids (PR #27421, carried on as #38119): one id list per input position, indexed by the target
+# token's absolute position (position p's list is scored against input_ids[p], predicted by row p - 1).
+POSITIONS_WITH_FLAT = ("The token_ids_logprob_positions and token_ids_logprob are mutually exclusive (SGLang's rule): "
+                       "send one of them.")
+POSITIONS_SINGLE = "The token_ids_logprob_positions takes a single request only (SGLang's rule), not a batch."
+POSITIONS_LENGTH = ("The token_ids_logprob_positions has {lists} lists; it needs one per input position "
+                    "(input_ids has {num_ids}).")
+POSITIONS_NEED_START = ("The token_ids_logprob_positions are scored on input rows: they need return_logprob true and "
+                        "logprob_start_len >= 0.")
+POSITIONS_BEFORE_START = ("The token_ids_logprob_positions[{p}] is not empty, but position {p} is not scored (scored "
+                          "positions are logprob_start_len + 1 = {first} and after): leave it empty.")
+
+
+def positions_violation(positions: list[list[int]], start: int, num_ids: int) -> Violation | None:
+    """One list per input position, and none with ids at a position that is not scored (<= logprob_start_len)."""
+    if len(positions) != num_ids:
+        return Violation(POSITIONS_LENGTH.format(lists=len(positions), num_ids=num_ids),
+                         param="token_ids_logprob_positions")
+    if start < 0 and any(positions):
+        return Violation(POSITIONS_NEED_START, param="token_ids_logprob_positions")
+    first = start + 1
+    bad = next((p for p, ids in enumerate(positions[:first]) if ids), None)
+    if bad is not None:
+        return Violation(POSITIONS_BEFORE_START.format(p=bad, first=first), param="token_ids_logprob_positions")
+    return None
+
+
 TOKEN_IDS_ON_OUTPUT = ("A token_ids_logprob of per-row lists belongs to the input rows only: with "
                        "sampling_params.max_new_tokens > 0 give one flat list (reported for input and output "
                        "tokens alike), or score with max_new_tokens 0.")

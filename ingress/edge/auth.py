@@ -22,11 +22,11 @@ MISSING = "This server requires an API key: send `Authorization: Bearer <key>`."
 INVALID = "The API key is not valid for this server."
 
 
-# Routes that change what every worker serves (ingress/weights/routes.py, ingress/weights/control.py and the adapter
-# routes).
+# Routes that change what every worker serves (ingress/weights/routes.py, ingress/weights/control.py, vLLM's RL routes
+# in ingress/vllm/rl_routes.py and the adapter routes).
 ADMIN_PATHS = frozenset({"/update_weights_from_disk", "/flush_cache", "/pause_generation", "/continue_generation",
                          "/abort_request", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/load_lora_adapter",
-                         "/unload_lora_adapter"})
+                         "/unload_lora_adapter", "/pause", "/resume", "/is_paused", "/abort_requests"})
 ADMIN_ONLY = ("This route changes the served weights, adapters, caches or generation: it needs an admin key "
               "(config field `admin_api_keys` or $RAYSCORE_ADMIN_API_KEYS); an API key does not open it.")
 ADMIN_CLOSED = ("This route changes the served weights, adapters, caches or generation, and this server has no admin "

@@ -6,6 +6,7 @@
 - POST /v1/chat/completions (chat.py): chat completions over the tokenizer's chat template.
 - POST /v1/score (score.py): SGLang's label-token scoring of query+item pairs.
 - POST /classify, POST /pooling (ingress/classify/): a classifier's scores, in vLLM's and SGLang's shapes.
+- POST /inference/v1/generate, /inference/v1/abort_requests (ingress/vllm/): vLLM's token-in route.
 - GET /v1/models; POST /tokenize, POST /detokenize, GET /tokenizer_info (vLLM's shapes: lm-eval's remote
   tokenizer uses them).
 Every error has OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 for a value the
@@ -40,6 +41,8 @@ from ingress.openai.score import ScoreRoutes
 from ingress.openai.tokenizer import TokenizerRoutes
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
+from ingress.vllm.routes import TokenRoutes
+from ingress.vllm.schemas import TokenGenerateResponse
 from protocol import TokenizerInfo
 
 
@@ -78,6 +81,7 @@ def openai_router(backend: Backend, settings: IngressSettings | None = None,
     score = ScoreRoutes(backend, lifecycle)
     routes = TokenizerRoutes(backend, lifecycle)
     classify = ClassifyRoutes(backend, lifecycle)
+    tokens = TokenRoutes(backend, lifecycle)
     router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI-compatible"])
     streamed = "One JSON answer, or with `stream` OpenAI chunks ending in [DONE]."
     router.add_api_route(
@@ -103,6 +107,17 @@ def openai_router(backend: Backend, settings: IngressSettings | None = None,
         "/pooling", classify.pooling, methods=["POST"], response_model=None,
         summary="vLLM's pooling of a classifier: each prompt's activated (or raw) scores",
         responses={200: {"model": PoolingResponse}, **_MODEL_ERRORS})
+    router.add_api_route(
+        "/inference/v1/generate", tokens.generate, methods=["POST"], response_model=None,
+        summary="vLLM's token-in / token-out route (output_mode tokens): prompt logprobs, per-row candidate ids",
+        responses={200: {"model": TokenGenerateResponse, "content": {"text/event-stream": {}},
+                         "description": "One JSON answer, or with `stream` vLLM's chunks ending in [DONE]."},
+                   **_MODEL_ERRORS})
+    router.add_api_route(
+        "/inference/v1/abort_requests", tokens.abort_requests, methods=["POST"], response_model=None,
+        summary="Abort /inference/v1/generate requests by request_id (vLLM's)",
+        responses={200: {"description": "Aborted (an empty body)."},
+                   **error_responses(OpenAIErrorBody, body=True)})
     router.add_api_route("/v1/models", routes.models, methods=["GET"], response_model=None,
                          summary="The served model",
                          responses={200: {"model": ModelList}, **error_responses(OpenAIErrorBody)})

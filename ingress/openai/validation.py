@@ -13,7 +13,7 @@ from ingress.errors import InvalidRequest, NotFound, enforce
 from ingress.openai.schemas.common import SamplingFields
 from protocol import ModelInfo, SamplingParams
 from rulebook import openai as msg
-from rulebook import openai_fields, rules
+from rulebook import openai_fields, rules, vllm_generate
 
 # The logprobs modes whose values are logprobs (raw_logits are not; none computes none).
 LOGPROB_MODES = ("raw_logprobs", "processed_logprobs")
@@ -29,6 +29,8 @@ class VllmFields:
     flat_b64: bool  # return_flat_logprobs_b64: logprobs as flat base64 arrays
     # processed_logprobs: prompt rows at the request's temperature (None: at 1, the raw rows).
     score_temperature: float | None
+    # logprob_token_ids: each generated token reports these ids' values in place of its k most likely.
+    logprob_token_ids: list[int] | None = None
 
 
 def check_fields(body: SamplingFields) -> None:
@@ -50,9 +52,13 @@ def vllm_fields(body: SamplingFields, info: ModelInfo, params: SamplingParams) -
             if value != default and not (name == "top_k" and value == 0):
                 raise InvalidRequest(openai_fields.PROCESSED_FILTERS.format(name=name, value=value), param=name)
     temp = params.temperature if processed and params.temperature > 0 and params.temperature != 1.0 else None
+    ids = body.logprob_token_ids
+    if ids is not None and not params.return_logprob:
+        raise InvalidRequest(openai_fields.IDS_NEED_LOGPROBS, param="logprob_token_ids")
+
     return VllmFields(prompt_logprobs=info.vocab_size if k == -1 else k, token_ids=bool(body.return_token_ids),
                       as_ids=bool(body.return_tokens_as_token_ids), flat_b64=body.return_flat_logprobs_b64,
-                      score_temperature=temp)
+                      score_temperature=temp, logprob_token_ids=list(ids) if ids is not None else None)
 
 
 def scoring_params(params: SamplingParams, fields: VllmFields) -> SamplingParams:
@@ -92,6 +98,8 @@ def check_logprobs(k: int | None, info: ModelInfo, param: str) -> None:
 def sampling_params(body: SamplingFields, info: ModelInfo, max_tokens: int, k: int | None) -> SamplingParams:
     """The body's sampling and stopping with OpenAI's defaults for null, checked as /generate's rule 12 (every
     value that reaches the sampler or a tensor is in range); `stream_options` only with `stream`."""
+    ids = body.logprob_token_ids  # vLLM's rules (at most 128, in the vocabulary) and names, before the sampler's
+    enforce(vllm_generate.logprob_ids_violation(ids, None, info.vocab_size))
     params = SamplingParams(
         max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p, top_k=-1 if body.top_k is None else body.top_k,
@@ -99,7 +107,8 @@ def sampling_params(body: SamplingFields, info: ModelInfo, max_tokens: int, k: i
         stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
         stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
         skip_special_tokens=body.skip_special_tokens, include_stop_str_in_output=body.include_stop_str_in_output,
-        return_logprob=k is not None, top_logprobs_num=k or 0)
+        return_logprob=k is not None, top_logprobs_num=k or 0,
+        token_ids_logprob=list(ids) if ids is not None and k is not None else None)
     enforce(rules.sampling_violation(params, info.vocab_size))
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest(msg.STREAM_OPTIONS, param="stream_options")

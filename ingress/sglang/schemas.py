@@ -50,6 +50,10 @@ class SGLangBody(BaseModel):
     token_ids_logprob: list[int] | list[list[int]] | list[list[list[int]]] | None = Field(
         None, description="Token ids whose logprobs are returned at each position: one list for all, per prompt of "
         "a batch, or (on-policy distillation) per scored row: one list per token of input_ids[logprob_start_len+1:].")
+    token_ids_logprob_positions: list[list[int]] | None = Field(
+        None, description="SGLang's per-position form (PR #27421/#38119): one id list per input position, indexed by "
+        "the absolute position of the token it is scored against; positions up to logprob_start_len stay empty. "
+        "Single requests only; not with token_ids_logprob.")
     input_logprob_temperature: float | None = Field(
         None, description="rayscore's extension: input rows at log_softmax(logits / T).")
     return_text_in_logprobs: bool = False

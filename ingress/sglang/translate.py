@@ -107,6 +107,11 @@ async def build(parsed: Parsed, info: ModelInfo, tokenize: Tokenize) -> list[Ite
         enforce(sg.per_item_length(name, value, n_items))
         if n > 1 and isinstance(value, list):
             raise InvalidRequest(sg.N_WITH_LISTS.format(name=name), param=name)
+    if body.token_ids_logprob_positions is not None:
+        if body.token_ids_logprob is not None:
+            raise InvalidRequest(sg.POSITIONS_WITH_FLAT, param="token_ids_logprob_positions")
+        if not parsed.single or n > 1:
+            raise InvalidRequest(sg.POSITIONS_SINGLE, param="token_ids_logprob_positions")
     token_ids = _token_ids_per_item(body.token_ids_logprob, parsed.single, n_items)
     per_prompt = body.token_ids_logprob is not None and token_ids[0] is not body.token_ids_logprob
     if n > 1 and per_prompt:
@@ -180,6 +185,10 @@ async def _item(parsed: Parsed, i: int, prompt: Any, token_ids: Any, rid: str, i
         enforce(rules.empty_ids(ids))
     if start >= 0:
         enforce(sg.start_in_prompt(start, len(ids)))
+    positions = body.token_ids_logprob_positions
+    if positions is not None:  # per position -> per scored row: row i (position start + i) scores ids[start + i + 1]
+        enforce(sg.positions_violation(positions, start, len(ids)))
+        token_ids = [list(row) for row in positions[start + 1:]] if start >= 0 else None
     scored_rows = len(ids) - start - 1 if start >= 0 else 0
     enforce(rules.context_too_long(len(ids), 0, info.max_model_len))
     if sp.max_new_tokens is None:  # "up to the context": what the KV cache of one request holds, too

@@ -25,8 +25,9 @@ MADE_AT_RUN_TIME = {"bench/results", "site"}
 # Files of other projects the text names on purpose: Ray Serve's proxy, vLLM's invariance test.
 EXTERNAL = {"proxy.py", "test_batch_invariance.py", "http_util.py", "sglang_rollout.py"}
 # Folders of other projects' repositories the text names on purpose: SGLang's (python/sglang/..., its sampling/),
-# slime's and AReaL's request code that the dialect tests replay.
-EXTERNAL_ROOTS = {"python", "sampling", "slime", "areal"}
+# slime's and AReaL's request code that the dialect tests replay, vLLM's (vllm/entrypoints/..., vllm/sampling_params.py)
+# whose route and messages ingress/vllm/ and rulebook/vllm_generate.py follow.
+EXTERNAL_ROOTS = {"python", "sampling", "slime", "areal", "vllm"}
 
 _ROOTED = re.compile(r"(?<![\w./-])(?:" + "|".join(re.escape(t) for t in TOPS) + r")/[\w./-]*")
 RELATIVE = re.compile(r"(?<![\w./-])([A-Za-z_][\w/]*\.(?:py|md|yaml|yml))(?![\w<*{])")

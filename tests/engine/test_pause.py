@@ -109,3 +109,26 @@ async def test_abort_by_id_and_all(tiny_models) -> None:
         assert {(await tasks[r]).finish_reason.type for r in ("y", "z")} == {"abort"}
     finally:
         eng.shutdown()
+
+
+async def test_draining_pause_lets_requests_in_flight_finish(tiny_models) -> None:
+    """vLLM's /pause?mode=wait: the operation completes once the requests in flight have finished (all their tokens);
+    a request that arrives meanwhile waits, through the pause, until the resume."""
+    eng = engine(tiny_models)
+    try:
+        ids = rand_ids(10, 60)
+        want = await run(eng, "ref", ids, 24)
+        tasks = [asyncio.ensure_future(run(eng, f"w{i}", ids, 24)) for i in range(2)]
+        await until(lambda: eng.engine.scheduler.running)
+        done = eng.control(Pause("in_place", drain=True))
+        late = asyncio.ensure_future(run(eng, "late", ids, 24))
+        assert await asyncio.wrap_future(done) == 2
+        assert all(t.done() for t in tasks) and eng.paused_mode == "in_place"
+        for t in tasks:
+            assert t.result().new_token_ids == want.new_token_ids and t.result().finish_reason.type == "length"
+        await asyncio.sleep(0.3)
+        assert not late.done()
+        eng.control(Resume()).result(timeout=10)
+        assert (await late).new_token_ids == want.new_token_ids and eng.paused_mode is None
+    finally:
+        eng.shutdown()

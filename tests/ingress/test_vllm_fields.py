@@ -167,7 +167,7 @@ async def test_processed_logprobs_scores_the_prompt_at_the_request_temperature()
 
 
 @pytest.mark.parametrize(("field", "value"), [("repetition_penalty", 1.3), ("min_tokens", 2),
-                                              ("logprob_token_ids", [1, 2]), ("guided_json", {"a": 1}),
+                                              ("bad_words", ["x"]), ("guided_json", {"a": 1}),
                                               ("use_beam_search", True), ("regex", "a+")])
 async def test_a_known_field_that_changes_the_answer_is_refused_naming_it(field: str, value: object):
     for send in (complete, chat):

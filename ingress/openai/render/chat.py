@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ingress.openai.render.common import finish_reason, generated_ids, token_name
+from ingress.openai.render.common import finish_reason, generated_ids, generated_tops, token_name
 from ingress.openai.render.prompt_logprobs import prompt_logprobs_flat, prompt_logprobs_ids, prompt_logprobs_json
 from ingress.openai.validation import VllmFields
 from protocol import GenerateChunk, compact
@@ -63,7 +63,8 @@ class ChatChoice:
             # The compact encoding: the generated tokens' values and ids [n], the k most likely [n, k].
             k = self.logprobs
             rows = chunk.output_token_logprobs or []
-            tops = [r[:k] for r in chunk.output_top_logprobs or []] if k else [[] for _ in rows]
+            by_ids = self.vllm.logprob_token_ids is not None
+            tops = generated_tops(chunk, k, by_ids) if k or by_ids else [[] for _ in rows]
             logprobs = {**compact.encode_token_rows("token_logprobs", rows),
                         **compact.encode_top_rows("top_logprobs", tops)}
         elif self.logprobs is not None:
@@ -73,8 +74,8 @@ class ChatChoice:
                 token = token_name(token_id, texts, as_ids)
                 return {"token": token, "logprob": value, "bytes": list(token.encode("utf-8"))}
 
-            tops = chunk.output_top_logprobs or []
-            content = [{**entry(v, t), "top_logprobs": [entry(tv, tt) for tv, tt in (tops[j][:k] if j < len(tops)
+            tops = generated_tops(chunk, k, self.vllm is not None and self.vllm.logprob_token_ids is not None)
+            content = [{**entry(v, t), "top_logprobs": [entry(tv, tt) for tv, tt in (tops[j] if j < len(tops)
                                                                                     else ())]}
                        for j, (v, t) in enumerate(chunk.output_token_logprobs or ())]
             logprobs = {"content": content}

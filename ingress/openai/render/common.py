@@ -17,7 +17,7 @@ from protocol import FinishReason, GenerateChunk
 def generated_ids(chunk: GenerateChunk) -> set[int]:
     """The ids a chunk's generated-token logprobs name: each token's and its alternatives'."""
     ids = {t for _, t in chunk.output_token_logprobs or ()}
-    for row in chunk.output_top_logprobs or ():
+    for row in [*(chunk.output_top_logprobs or ()), *(chunk.output_token_ids_logprobs or ())]:
         ids.update(t for _, t in row)
     return ids
 
@@ -26,6 +26,21 @@ def token_name(token_id: int, texts: Mapping[int, str], as_ids: bool) -> str:
     """A logprob entry's token: its text decoded alone, or vLLM's `token_id:<id>` (return_tokens_as_token_ids), which
     names a token that no JSON string spells (a lone byte of a multi-byte character)."""
     return f"token_id:{token_id}" if as_ids else texts[token_id]
+
+
+def generated_tops(chunk: GenerateChunk, k: int, by_ids: bool) -> list[list[list]]:
+    """Each generated token's alternatives: its k most likely, or (vLLM's logprob_token_ids) the token itself then
+    the asked ids, each id once, as vLLM's dict of them holds it."""
+    if not by_ids:
+        return [r[:k] for r in chunk.output_top_logprobs or ()]
+    rows = []
+    for (value, token), asked in zip(chunk.output_token_logprobs or (), chunk.output_token_ids_logprobs or (),
+                                     strict=False):
+        row = {token: [value, token]}
+        for v, t in asked:
+            row.setdefault(t, [v, t])
+        rows.append(list(row.values()))
+    return rows
 
 
 def finish_reason(chunk: GenerateChunk) -> str | None:

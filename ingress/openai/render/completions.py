@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ingress.openai.render.common import finish_reason, generated_ids, token_name
+from ingress.openai.render.common import finish_reason, generated_ids, generated_tops, token_name
 from ingress.openai.render.prompt_logprobs import prompt_logprobs_flat, prompt_logprobs_ids, prompt_logprobs_json
 from ingress.openai.validation import VllmFields
 from protocol import GenerateChunk, compact
@@ -32,6 +32,10 @@ class ChoiceBuilder:
     @property
     def _as_ids(self) -> bool:
         return self.vllm is not None and self.vllm.as_ids
+
+    @property
+    def _by_ids(self) -> bool:
+        return self.vllm is not None and self.vllm.logprob_token_ids is not None
 
     @property
     def _flat(self) -> bool:
@@ -68,10 +72,12 @@ class ChoiceBuilder:
                 tokens += [token_name(t, texts, self._as_ids) for t in self.prompt_ids]
                 values.append(None)
                 tops.append(None)
-                self._rows(chunk.input_token_logprobs, chunk.input_top_logprobs, texts, values, tops)
+                self._rows(chunk.input_token_logprobs, chunk.input_top_logprobs, texts, values, tops,
+                           self.logprobs or 0)
             generated = chunk.output_token_logprobs or []
             tokens += [token_name(t, texts, self._as_ids) for _, t in generated]
-            self._rows(generated, chunk.output_top_logprobs, texts, values, tops)
+            self._rows(generated, generated_tops(chunk, self.logprobs or 0, self._by_ids), texts, values, tops,
+                       None if self._by_ids else self.logprobs or 0)
             offsets = []
             for token in tokens:
                 offsets.append(self.text_offset)
@@ -99,23 +105,24 @@ class ChoiceBuilder:
         echoed first prompt token), and the k most likely [n, k]; the tokens are their ids, so no text is looked up."""
         k = self.logprobs or 0
         rows = (list(chunk.input_token_logprobs or []) if echo_now else []) + list(chunk.output_token_logprobs or [])
-        tops = ([r[:k] for r in chunk.input_top_logprobs or []] if echo_now else []) + [
-            r[:k] for r in chunk.output_top_logprobs or []]
-        if k == 0:
+        tops = ([r[:k] for r in chunk.input_top_logprobs or []] if echo_now else []) + generated_tops(
+            chunk, k, self._by_ids)
+        if k == 0 and not self._by_ids:
             tops = [[] for _ in rows]
         prefix = 1 if echo_now else 0
         return {**compact.encode_token_rows("token_logprobs", rows, null_prefix=prefix),
                 **compact.encode_top_rows("top_logprobs", tops, null_prefix=prefix)}
 
     def _rows(self, rows: list[list] | None, top_rows: list[list[list]] | None, texts: Mapping[int, str],
-              values: list[float | None], tops: list[dict[str, float] | None]) -> None:
-        k = self.logprobs or 0  # the worker's rows may be wider (prompt_logprobs asked more): keep this field's k
+              values: list[float | None], tops: list[dict[str, float] | None], k: int | None) -> None:
+        """k: the alternatives kept per row (the worker's rows may be wider: prompt_logprobs asked more), or None:
+        all of them (logprob_token_ids' rows, the token itself first)."""
         for j, (value, token_id) in enumerate(rows or ()):
             values.append(value)
             # The k most likely (k = `logprobs`), best first, then the actual token when it is not among
             # them: OpenAI's "up to logprobs + 1" entries. A text two ids share keeps the higher value.
             top: dict[str, float] = {}
-            for v, t in top_rows[j][:k] if top_rows else ():
+            for v, t in (top_rows[j][:k] if j < len(top_rows) else ()) if top_rows else ():
                 top.setdefault(token_name(t, texts, self._as_ids), v)
             top.setdefault(token_name(token_id, texts, self._as_ids), value)
             tops.append(top)

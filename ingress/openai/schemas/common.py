@@ -58,6 +58,9 @@ class SamplingFields(BaseModel):
                                         "first, with its rank and the k most likely tokens (-1: the whole "
                                         "vocabulary, within `max_top_logprobs`), as `prompt_logprobs` (a choice's "
                                         "on /v1/completions, the answer's on chat). Not with `stream` unless 0.")
+    logprob_token_ids: list[int] | None = Field(None, description="vLLM's: ids scored at every generated token (at "
+                                                "most 128), reported in place of the k most likely; needs "
+                                                "`logprobs`.")
     return_token_ids: bool | None = Field(None, description="vLLM's: also `prompt_token_ids` and each choice's "
                                           "`token_ids` (the generated ids).")
     return_tokens_as_token_ids: bool | None = Field(None, description="vLLM's: logprob tokens as "
