@@ -66,7 +66,7 @@ class ModelRunner:
                              if store else None)
         # After the KV cache and the store: the chunk size on CUDA follows the memory they leave.
         self.planner = StepPlanner(device, self.block_size, model.dtype, varlen, self.hidden_store is not None,
-                                   config.max_num_seqs)
+                                   config.max_num_seqs, context_slots=parallel is not None)
         self.score_rows = score_chunk_rows(config, int(model.config.vocab_size), device)
         self.scorer = RowScorer(model, config.value_mode, self.score_rows, num_slots, device,
                                 lse_store=store, batch_invariant=self.invariant, parallel=parallel)

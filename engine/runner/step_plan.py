@@ -101,8 +101,11 @@ class StepPlanner:
     token ids, positions and row indices in one copy, and every KV slot is computed on the device from them."""
 
     def __init__(self, device: torch.device, block_size: int, dtype: torch.dtype, reads_block_tables: bool,
-                 has_store: bool, max_num_seqs: int = 1) -> None:
+                 has_store: bool, max_num_seqs: int = 1, context_slots: bool = False) -> None:
+        """context_slots: lay out each request's context slots even for a backend that reads block tables (the
+        tensor-parallel followers attend with the torch path)."""
         self.device = device
+        self.context_slots = context_slots or not reads_block_tables
         self.block_size = block_size
         self.dtype = dtype
         self.reads_block_tables = reads_block_tables
@@ -152,9 +155,10 @@ class StepPlanner:
                 meta.plans[VarlenPagedAttention.name] = VarlenInputs(
                     d_cu.to(torch.int32), d_used.to(torch.int32),
                     self.tables.table.index_select(0, d_chunks)[:, :width], max(meta.lens), max(used))
-            else:
+            if self.context_slots:
                 meta.context_slots = [self._range_slots(lay.row, c.start + c.num_tokens)
                                       for c, lay in zip(sched.chunks, layouts, strict=True) if c.num_tokens > 0]
+            if not self.reads_block_tables:
                 meta.finalize(self.device, self.dtype)
         scores = self._plan_scores(sched.chunks, layouts, offset)
         samples = [(lay.offset + c.num_tokens - 1, ci)
