@@ -34,7 +34,9 @@ class DeviceBlockTables:
         self.held: dict[int, _Row] = {}  # row -> what it holds
         self.free = list(range(self.table.shape[0] - 1, -1, -1))
         self.step = 0
-        self.writes: tuple[list[int], list[int], list[int]] = ([], [], [])  # pending (row, column, block)
+        # Pending writes, one run of pages per row: its row, first column, page count; and the runs' blocks.
+        self.runs: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self.blocks: list[int] = []
         # The last step's staging buffer (what the dispatch-spy test recognises as pinned host memory).
         self.staging: torch.Tensor | None = None
         self.bytes_uploaded = 0  # host-to-device bytes of the last step
@@ -55,19 +57,22 @@ class DeviceBlockTables:
             held = self.held.get(row)
             blocks = seq.block_table
             first = held.known if held is not None and held.blocks is blocks and held.known <= len(blocks) else 0
-            for col in range(first, len(blocks)):
-                self.writes[0].append(row)
-                self.writes[1].append(col)
-                self.writes[2].append(blocks[col])
+            if first < len(blocks):
+                self.runs[0].append(row)
+                self.runs[1].append(first)
+                self.runs[2].append(len(blocks) - first)
+                self.blocks.extend(blocks[first:])
             self.held[row] = _Row(seq.request_id, blocks, len(blocks), self.step)
             out.append(row)
         return out
 
     def upload(self, vectors: list[list[int]]) -> list[torch.Tensor]:
-        """The vectors on the device (int64), after the pending page writes: one copy of one staging buffer."""
-        rows, cols, blocks = self.writes
-        self.writes = ([], [], [])
-        flat = [v for vec in (*vectors, rows, cols, blocks) for v in vec]
+        """The vectors on the device (int64), after the pending page writes: one copy of one staging buffer, 8 bytes
+        a page past 24 a row that changed."""
+        rows, firsts, counts = self.runs
+        blocks = self.blocks
+        self.runs, self.blocks = ([], [], []), []
+        flat = [v for vec in (*vectors, rows, firsts, counts, blocks) for v in vec]
         if not flat:
             self.bytes_uploaded = 0
             return [torch.empty(0, dtype=torch.long, device=self.device) for _ in vectors]
@@ -76,12 +81,17 @@ class DeviceBlockTables:
         on_device.copy_(self.staging, non_blocking=True)
         self.bytes_uploaded = self.staging.numel() * self.staging.element_size()
         parts, at = [], 0
-        for n in [len(v) for v in vectors] + [len(rows)] * 3:
+        for n in [len(v) for v in vectors] + [len(rows)] * 3 + [len(blocks)]:
             parts.append(on_device[at:at + n])
             at += n
-        if rows:
-            r, c, b = parts[-3:]
-            self.table.index_put_((r, c), b.to(torch.int32))
+        if blocks:
+            r, first, count, b = parts[-4:]
+            k = len(blocks)  # known here: the expansions need no host read of a count
+            # Page j of the flat run list: its run's row, and column first + (j - the run's start in the list).
+            starts = torch.cumsum(count, 0) - count
+            page_rows = torch.repeat_interleave(r, count, output_size=k)
+            cols = torch.arange(k, device=self.device) + torch.repeat_interleave(first - starts, count, output_size=k)
+            self.table.index_put_((page_rows, cols), b.to(torch.int32))
         return parts[:len(vectors)]
 
     def _take(self, live: set[str]) -> int:

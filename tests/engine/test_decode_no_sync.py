@@ -149,16 +149,17 @@ def test_decode_steps_make_no_host_sync(tiny_models) -> None:
     assert spy.graph_runs == 11  # every step after the prompts' was a decode through the graphs
     assert spy.syncs == []
     # One copy a step, out of the staging buffer (int64). The prompts' step: ids, positions and token rows of 40
-    # tokens, 3 chunk rows, 4 cu_seqlens, 3 key counts, and (row, column, block) of the 1 + 3 + 7 pages.
+    # tokens, 3 chunk rows, 4 cu_seqlens, 3 key counts, a (row, first column, count) run per request and the
+    # 1 + 3 + 7 pages.
     assert all(len(s) == 1 for s in steps)
-    assert steps[0] == [8 * (3 * 40 + 3 + 4 + 3 + 3 * 11)]
-    # A decode step: 3 x 3 + 3 + 4 + 3 integers, and only the pages taken since (one per request every 4 tokens),
-    # never a whole table: nothing here grows with the context.
+    assert steps[0] == [8 * (3 * 40 + 3 + 4 + 3 + 3 * 3 + 11)]
+    # A decode step: 3 x 3 + 3 + 4 + 3 integers, and only the pages taken since (one per request every 4 tokens,
+    # each its own run: 4 integers), never a whole table: nothing here grows with the context.
     decode = [s[0] // 8 - 19 for s in steps[1:]]
-    assert all(n % 3 == 0 and 0 <= n // 3 <= 3 for n in decode)
-    # The decodes compute 11 tokens each: 14, 22 and 37 positions hold 4 + 6 + 10 pages, 9 more than the prompts'.
-    assert len(decode) == 11 and sum(n // 3 for n in decode) == 9
+    assert all(n % 4 == 0 and 0 <= n // 4 <= 3 for n in decode)
     assert sum(1 for n in decode if n == 0) >= 4
+    # The decodes compute 11 tokens each: 14, 22 and 37 positions hold 4 + 6 + 10 pages, 9 more than the prompts'.
+    assert len(decode) == 11 and sum(n // 4 for n in decode) == 9
 
 
 def test_the_spy_catches_host_syncs(tiny_models) -> None:
