@@ -154,7 +154,8 @@ class StepPlanner:
                 width = max(len(t) for t in meta.block_tables)
                 meta.plans[VarlenPagedAttention.name] = VarlenInputs(
                     d_cu.to(torch.int32), d_used.to(torch.int32),
-                    self.tables.table.index_select(0, d_chunks)[:, :width], max(meta.lens), max(used))
+                    # [N, width]: only the step's widest table's columns gathered, contiguous as the kernels take it.
+                    self.tables.table[:, :width].index_select(0, d_chunks), max(meta.lens), max(used))
             if self.context_slots:
                 meta.context_slots = [self._range_slots(lay.row, c.start + c.num_tokens)
                                       for c, lay in zip(sched.chunks, layouts, strict=True) if c.num_tokens > 0]
