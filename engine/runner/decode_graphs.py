@@ -58,13 +58,9 @@ class DecodeGraphs:
         self.slots = torch.zeros(b, dtype=torch.long, device=device)
         self.cu_seqlens_q = torch.arange(b + 1, dtype=torch.int32, device=device)  # one query per request
         self.seqused_k = torch.ones(b, dtype=torch.int32, device=device)
+        # Filled on the device from the step's rows of the planner's device table (step_plan.py): the step's
+        # one host-to-device copy is the planner's.
         self.block_table = torch.zeros(b, max_blocks, dtype=torch.int32, device=device)
-        # The table's rows reach the device from a pinned host copy (an asynchronous copy, no sync), and only the
-        # rows that changed since the last step, only as wide as their blocks (the kernel reads no further):
-        # rows holds what each device row has, the copy event when the staging buffer may be written again.
-        self.host_table = torch.zeros(b, max_blocks, dtype=torch.int32, pin_memory=device.type == "cuda")
-        self.rows: list[list[int] | None] = [None] * b
-        self.copied: torch.cuda.Event | None = None
         self.outputs: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         if capture:
@@ -91,38 +87,22 @@ class DecodeGraphs:
 
     def _fill(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, n: int,
               b: int) -> None:
-        """The step's inputs into the static buffers with no host sync: ids, positions and slots are on the
-        device already; a decode's key count is its position + 1; the block table's changed rows come from the
-        pinned staging copy."""
+        """The step's inputs into the static buffers with no host sync: ids, positions, slots and the block table's
+        rows are on the device already (the planner's); a decode's key count is its position + 1."""
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
         self.slots[:n].copy_(meta.slot_mapping)
         torch.add(self.positions[:n], 1, out=self.seqused_k[:n])
-        self._fill_table(meta.block_tables, n, b)
+        table = meta.plans[self.backend.name].block_table  # [n, widest table of the step]
+        width = min(table.shape[1], self.max_blocks)
+        # Columns past a row's pages keep older values: the kernel reads only the pages seqused_k covers.
+        self.block_table[:n, :width].copy_(table[:, :width])
         if b > n:  # padding: token 0 at position 0, one key in the scratch block
             self.input_ids[n:b] = 0
             self.positions[n:b] = 0
             self.slots[n:b] = self.scratch_block * self.block_size
             self.seqused_k[n:b] = 1
-
-    def _fill_table(self, tables: list[list[int]], n: int, b: int) -> None:
-        """Rows 0..n-1 take the step's tables, rows n..b-1 the scratch block; only rows that differ from what the
-        device holds are staged and copied (one copy of the span from the first to the last changed row)."""
-        want: list[list[int]] = [t[:self.max_blocks] for t in tables] + [[self.scratch_block]] * (b - n)
-        changed = [i for i, t in enumerate(want) if self.rows[i] != t]
-        if not changed:
-            return
-        if self.copied is not None:  # the last step's copy out of the staging buffer has long finished: no wait
-            self.copied.synchronize()
-        for i in changed:
-            self.host_table[i, :len(want[i])] = torch.tensor(want[i], dtype=torch.int32)
-            self.rows[i] = want[i]
-        lo, hi = changed[0], changed[-1] + 1
-        width = max(len(want[i]) for i in changed)
-        self.block_table[lo:hi, :width].copy_(self.host_table[lo:hi, :width], non_blocking=True)
-        if self.block_table.is_cuda:
-            self.copied = torch.cuda.Event()
-            self.copied.record()
+            self.block_table[n:b, 0] = self.scratch_block
 
     def _padded_forward(self, b: int) -> torch.Tensor:
         meta = AttentionMetadata(slot_mapping=self.slots[:b], starts=[], lens=[], context_slots=[])
@@ -135,8 +115,6 @@ class DecodeGraphs:
         """Largest bucket first, all in one memory pool, so the smaller graphs reuse the largest one's blocks."""
         pool = None
         self.block_table.fill_(self.scratch_block)
-        self.host_table.fill_(self.scratch_block)
-        self.rows = [[self.scratch_block] * self.max_blocks] * len(self.rows)
         self.slots.fill_(self.scratch_block * self.block_size)
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))

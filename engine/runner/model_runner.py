@@ -67,7 +67,7 @@ class ModelRunner:
                              if store else None)
         # After the KV cache and the store: the chunk size on CUDA follows the memory they leave.
         self.planner = StepPlanner(device, self.block_size, model.dtype, varlen, self.hidden_store is not None,
-                                   mrope=model.multimodal)
+                                   config.max_num_seqs, context_slots=parallel is not None, mrope=model.multimodal)
         self.vision = VisionEncoder(model, device) if model.multimodal else None
         self.score_rows = score_chunk_rows(config, int(model.config.vocab_size), device)
         self.scorer = RowScorer(model, config.value_mode, self.score_rows, num_slots, device,

@@ -12,8 +12,10 @@ import torch
 
 from engine.core.scheduler import ScheduledChunk, SchedulerOutput
 from engine.core.sequence import Sequence
-from engine.layers.attention import AttentionMetadata
+from engine.layers.attention import AttentionMetadata, VarlenPagedAttention
+from engine.layers.varlen import VarlenInputs
 from engine.multimodal.request_images import RequestImages
+from engine.runner.block_table import DeviceBlockTables
 from protocol.outputs import TokenLogprob
 
 
@@ -42,8 +44,8 @@ class ChunkLayout:
 
     # The chunk's first row in the flat batch of new tokens.
     offset: int
-    # [len(block_table) x block_size] the KV slot of every position the request's block table covers.
-    slots: torch.Tensor
+    # The request's row of the device block table (block_table.py).
+    row: int
     # Input positions whose scoring rows this step produces: score_lo .. score_hi (none when hi < lo).
     score_lo: int = 0
     score_hi: int = -1
@@ -96,31 +98,40 @@ class StepPlan:
 
 class StepPlanner:
     """Plans a step for one runner: its device and block size, and whether its attention backend reads block tables
-    (varlen: no per-request metadata to finalize) and the runner keeps a hidden-state store."""
+    (varlen: the kernel's inputs are laid out here, on the device) and the runner keeps a hidden-state store.
+
+    The requests' block tables live on the device (block_table.py); a step sends the pages that changed and its
+    token ids, positions and row indices in one copy, and every KV slot is computed on the device from them."""
 
     def __init__(self, device: torch.device, block_size: int, dtype: torch.dtype, reads_block_tables: bool,
-                 has_store: bool, mrope: bool = False) -> None:
-        """mrope: positions are [3, T] (time, height, width: engine/multimodal/positions.py), not [T]."""
+                 has_store: bool, max_num_seqs: int = 1, context_slots: bool = False, mrope: bool = False) -> None:
+        """context_slots: lay out each request's context slots even for a backend that reads block tables (the
+        tensor-parallel followers attend with the torch path). mrope: the model's positions are [3, T] (time,
+        height, width: engine/multimodal/positions.py), not [T]; the KV slots still follow the flat positions."""
         self.device = device
         self.mrope = mrope
+        self.context_slots = context_slots or not reads_block_tables
         self.block_size = block_size
         self.dtype = dtype
         self.reads_block_tables = reads_block_tables
         self.has_store = has_store
-        self._offsets = torch.arange(block_size, device=device)
+        self.tables = DeviceBlockTables(device, max_num_seqs)
 
     def prepare(self, sched: SchedulerOutput) -> StepPlan:
         """Lay the chunks out flat in batch order; plan which rows score and which sample."""
+        rows = self.tables.rows_for([c.seq for c in sched.chunks])
         ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        new_slots: list[torch.Tensor] = []
-        meta = AttentionMetadata(slot_mapping=torch.empty(0), starts=[], lens=[], context_slots=[])
+        positions: list[int] = []
+        token_rows: list[int] = []
+        chunk_rows: list[int] = []
+        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), starts=[], lens=[], context_slots=[])
         layouts: list[ChunkLayout] = []
         lora_rows: list[tuple[int, int, int]] = []
         image_chunks: list[tuple[int, RequestImages, int, int]] = []
+        rope_positions: list[torch.Tensor] = []
         offset = 0
-        for chunk in sched.chunks:
-            layout = self._layout(chunk, offset)
+        for chunk, row in zip(sched.chunks, rows, strict=True):
+            layout = self._layout(chunk, offset, row)
             seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
             if n > 0:
                 if seq.lora_slot is not None:
@@ -129,37 +140,64 @@ class StepPlanner:
                     else:
                         lora_rows.append((seq.lora_slot, offset, offset + n))
                 ids.extend(seq.token_ids[start:start + n])
-                positions.append(self._positions(seq, start, n))
+                positions.extend(range(start, start + n))
+                token_rows.extend([row] * n)
+                chunk_rows.append(row)
                 if seq.images is not None:
                     image_chunks.append((offset, seq.images, start, n))
-                new_slots.append(layout.slots[start:start + n])
+                if self.mrope:
+                    rope_positions.append(self._rope_positions(seq, start, n))
                 meta.starts.append(start)
                 meta.lens.append(n)
-                meta.context_slots.append(layout.slots[:start + n])
                 meta.block_tables.append(seq.block_table)
             layouts.append(layout)
             offset += n
+        used = [s + n for s, n in zip(meta.starts, meta.lens, strict=True)]
+        cu = [0]
+        for n in meta.lens:
+            cu.append(cu[-1] + n)
+        varlen = self.reads_block_tables and offset > 0
+        d_ids, d_pos, d_rows, d_chunks, d_cu, d_used = self.tables.upload(
+            [ids, positions, token_rows, chunk_rows if varlen else [], cu if varlen else [], used if varlen else []])
         if offset > 0:
-            meta.slot_mapping = torch.cat(new_slots)
+            meta.slot_mapping = self._slots(d_rows, d_pos)
+            if varlen:
+                width = max(len(t) for t in meta.block_tables)
+                meta.plans[VarlenPagedAttention.name] = VarlenInputs(
+                    d_cu.to(torch.int32), d_used.to(torch.int32),
+                    # [N, width]: only the step's widest table's columns gathered, contiguous as the kernels take it.
+                    self.tables.table[:, :width].index_select(0, d_chunks), max(meta.lens), max(used))
+            if self.context_slots:
+                meta.context_slots = [self._range_slots(lay.row, c.start + c.num_tokens)
+                                      for c, lay in zip(sched.chunks, layouts, strict=True) if c.num_tokens > 0]
             if not self.reads_block_tables:
                 meta.finalize(self.device, self.dtype)
         scores = self._plan_scores(sched.chunks, layouts, offset)
         samples = [(lay.offset + c.num_tokens - 1, ci)
                    for ci, (c, lay) in enumerate(zip(sched.chunks, layouts, strict=True)) if lay.samples]
-        return StepPlan(torch.tensor(ids, device=self.device) if offset else None,
-                        torch.cat(positions, dim=-1) if offset else None, meta, scores, samples,
-                        self._plan_pools(sched.chunks, layouts), lora_rows, image_chunks)
+        model_positions = torch.cat(rope_positions, dim=-1) if self.mrope and offset else d_pos
+        return StepPlan(d_ids if offset else None, model_positions if offset else None, meta, scores, samples,
+                        self._plan_pools(sched.chunks, layouts, self.block_size), lora_rows, image_chunks)
 
-    def _positions(self, seq: Sequence, start: int, n: int) -> torch.Tensor:
-        """[n] positions start .. start + n - 1, or [3, n] for an M-RoPE model (a text-only request's three axes
-        are equal)."""
+    def _rope_positions(self, seq: Sequence, start: int, n: int) -> torch.Tensor:
+        """[3, n] M-RoPE positions of tokens start .. start + n - 1 (a text-only request's three axes are equal)."""
         if seq.images is not None:
             return seq.images.positions(start, n).to(self.device)
-        flat = torch.arange(start, start + n, device=self.device)
-        return flat.expand(3, n) if self.mrope else flat
+        return torch.arange(start, start + n, device=self.device).expand(3, n)
+
+    def _slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[N] the KV slot of each (table row, position) pair, read from the device table."""
+        blocks = self.tables.table[rows, positions // self.block_size].long()
+        return blocks * self.block_size + positions % self.block_size
+
+    def _range_slots(self, row: int, hi: int, lo: int = 0) -> torch.Tensor:
+        """[hi - lo] the KV slots of positions lo .. hi - 1 of the request on table row `row`."""
+        pos = torch.arange(lo, hi, device=self.device)
+        return self._slots(torch.full_like(pos, row), pos)
 
     @staticmethod
-    def _plan_pools(chunks: list[ScheduledChunk], layouts: list[ChunkLayout]) -> list[tuple[int | None, int, int]]:
+    def _plan_pools(chunks: list[ScheduledChunk], layouts: list[ChunkLayout],
+                    block_size: int) -> list[tuple[int | None, int, int]]:
         """The pooled row of each classify request whose prompt this step completes (possibly with no new token:
         a prompt served whole from the prefix cache)."""
         rows: list[tuple[int | None, int, int]] = []
@@ -168,13 +206,13 @@ class StepPlanner:
             if pos is None or chunk.start + chunk.num_tokens != seq.num_prompt_tokens:
                 continue
             fresh = lay.offset + pos - chunk.start if pos >= chunk.start else None
-            rows.append((fresh, int(lay.slots[pos]), ci))
+            rows.append((fresh, seq.block_table[pos // block_size] * block_size + pos % block_size, ci))
         return rows
 
-    def _layout(self, chunk: ScheduledChunk, offset: int) -> ChunkLayout:
+    @staticmethod
+    def _layout(chunk: ScheduledChunk, offset: int, row: int) -> ChunkLayout:
         seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
-        table = torch.tensor(seq.block_table, device=self.device, dtype=torch.long)
-        layout = ChunkLayout(offset, (table[:, None] * self.block_size + self._offsets[None, :]).flatten())
+        layout = ChunkLayout(offset, row)
         if seq.params.scores_input:
             # Row p scores token p+1; rows already produced (before a preemption) are not redone.
             layout.score_lo = seq.next_score_position
@@ -202,7 +240,7 @@ class StepPlanner:
             assert self.has_store, "cached scoring row without a hidden store"
             first = num_rows + plan.num_stored
             plan.rows.extend(range(first, first + num_cached))
-            plan.stored.append(lay.slots[lo:lo + num_cached])
+            plan.stored.append(self._range_slots(lay.row, lo + num_cached, lo))
             plan.num_stored += num_cached
         plan.rows.extend(range(lay.offset + lo + num_cached - start, lay.offset + hi + 1 - start))
         plan.targets.extend(seq.token_ids[lo + 1:hi + 2])
@@ -210,5 +248,5 @@ class StepPlanner:
         plan.temps.extend([seq.params.score_temperature] * lay.num_score_rows)
         plan.token_ids.extend(seq.params.row_token_ids(lo, hi))
         plan.ranks.extend([seq.params.return_input_ranks] * lay.num_score_rows)
-        plan.slots.append(lay.slots[lo:hi + 1])
+        plan.slots.append(self._range_slots(lay.row, hi + 1, lo))
         plan.cached.extend([True] * num_cached + [False] * (lay.num_score_rows - num_cached))
