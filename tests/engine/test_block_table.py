@@ -9,7 +9,7 @@ import torch
 
 from engine.core.sequence import Sequence
 from engine.runner.block_table import DeviceBlockTables
-from engine.sampling_params import SamplingParams
+from protocol.sampling import SamplingParams
 
 
 def _seq(rid: str) -> Sequence:
