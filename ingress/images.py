@@ -31,19 +31,28 @@ class ImageLimits:
 
     max_images_per_request: int
     max_image_pixels: int
+    # allow_image_urls, and what bounds a fetch: max_request_bytes, body_timeout_s.
+    allow_urls: bool = False
+    max_bytes: int = 4 * 1024 * 1024
+    timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
 class ImageBlob:
-    """One image as a client sent it: its bytes, where in the body it was (messages, image_data) for the messages."""
+    """One image as a client sent it: its bytes (or the http(s) URL to fetch them from), where in the body it was
+    (messages, image_data) for the messages."""
 
     data: bytes
     where: str
     param: str
+    url: str | None = None
 
 
 def from_data_url(url: str, where: str, param: str) -> ImageBlob:
-    """An OpenAI `image_url.url`: only `data:image/<type>;base64,<bytes>` (a remote URL is never fetched)."""
+    """An OpenAI `image_url.url`: `data:image/<type>;base64,<bytes>`, or an http(s) URL (fetched only with
+    allow_image_urls: prepare_images)."""
+    if url.startswith(("http://", "https://")):
+        return ImageBlob(b"", where, param, url=url)
     head, sep, payload = url.partition(",")
     if not (url.startswith(DATA_URL_HEAD) and sep and head.endswith(";base64")):
         raise InvalidRequest(img.NOT_DATA_URL.format(where=where, value=img.quote(url)), param=param)
@@ -51,12 +60,12 @@ def from_data_url(url: str, where: str, param: str) -> ImageBlob:
 
 
 def from_image_data(value: str, where: str, param: str) -> ImageBlob:
-    """An SGLang `image_data` entry: a data: URL, or the image's base64 (SGLang's other forms, a file path or a
-    remote URL, are not read by this server)."""
-    if value.startswith("data:"):
+    """An SGLang `image_data` entry: a data: URL, the image's base64, or an http(s) URL (SGLang's file path is
+    never read)."""
+    if value.startswith(("data:", "http://", "https://")):
         return from_data_url(value, where, param)
-    if value.startswith(("http://", "https://", "file:", "/")):
-        raise InvalidRequest(img.NOT_DATA_URL.format(where=where, value=img.quote(value)), param=param)
+    if value.startswith(("file:", "/", ".")):
+        raise InvalidRequest(img.NOT_AN_IMAGE_SOURCE.format(where=where, value=img.quote(value)), param=param)
     return ImageBlob(_b64(value, where, param), where, param)
 
 
@@ -70,7 +79,33 @@ def _b64(payload: str, where: str, param: str) -> bytes:
 
 def image_limits(settings: Any) -> ImageLimits:
     """The image limits of an IngressSettings."""
-    return ImageLimits(settings.max_images_per_request, settings.max_image_pixels)
+    return ImageLimits(settings.max_images_per_request, settings.max_image_pixels, settings.allow_image_urls,
+                       settings.max_request_bytes, settings.body_timeout_s)
+
+
+def _fetched(blob: ImageBlob, limits: ImageLimits) -> ImageBlob:
+    """A URL blob's bytes, read in this thread, at most max_bytes of them, within timeout_s per read."""
+    import httpx
+
+    if blob.url is None:
+        return blob
+    value = img.quote(blob.url)
+    data = bytearray()
+    try:
+        with httpx.stream("GET", blob.url, timeout=limits.timeout_s, follow_redirects=True) as r:
+            r.raise_for_status()
+            for part in r.iter_bytes():
+                data += part
+                if len(data) > limits.max_bytes:
+                    raise InvalidRequest(img.FETCH_TOO_LARGE.format(where=blob.where, value=value,
+                                                                    limit=limits.max_bytes), param=blob.param)
+    except httpx.HTTPError as exc:
+        reason = type(exc).__name__
+        if isinstance(exc, httpx.HTTPStatusError):
+            reason = f"HTTP {exc.response.status_code}"
+        raise InvalidRequest(img.FETCH_FAILED.format(where=blob.where, value=value, reason=reason),
+                             param=blob.param) from exc
+    return ImageBlob(bytes(data), blob.where, blob.param)
 
 
 def vision_ids(info: ModelInfo) -> tuple[int, ...]:
@@ -111,7 +146,7 @@ class ImageSide:
     def prepare(self, blobs: list[ImageBlob], limits: ImageLimits) -> list[ImageData]:
         """Each image decoded, checked and preprocessed, in order; InvalidRequest (400) names the first broken
         limit."""
-        return [self._one(blob, limits) for blob in blobs]
+        return [self._one(_fetched(blob, limits), limits) for blob in blobs]
 
     def _one(self, blob: ImageBlob, limits: ImageLimits) -> ImageData:
         import numpy as np
@@ -154,4 +189,8 @@ async def prepare_images(side: ImageSide, blobs: list[ImageBlob], limits: ImageL
                          param: str) -> list[ImageData]:
     """The images of one request, off the event loop; the count is checked before any is opened."""
     enforce(img.too_many(len(blobs), limits.max_images_per_request, param))
+    for blob in blobs:  # no fetch starts unless the operator allows them
+        if blob.url is not None and not limits.allow_urls:
+            raise InvalidRequest(img.NOT_DATA_URL.format(where=blob.where, value=img.quote(blob.url)),
+                                 param=blob.param)
     return await asyncio.to_thread(side.prepare, blobs, limits) if blobs else []

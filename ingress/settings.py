@@ -56,6 +56,10 @@ class IngressSettings:
                                        "above it).")
     max_image_pixels: int = _doc(16_777_216, "Most pixels (width x height) of one image, read from its header before "
                                  "it is decoded, so a decompression bomb costs nothing (400 above it).")
+    allow_image_urls: bool = _doc(False, "Whether an image may be given as an http(s) URL (chat image_url, SGLang "
+                                  "image_data), which the ingress then fetches, bounded by max_request_bytes and "
+                                  "body_timeout_s. Off: such a URL is a 400 asking for a data: URL (servers often "
+                                  "have no network, and a fetch holds the request on a third party).")
     # Accepted bearer keys; empty: no authentication (edge/auth.py). Kept out of repr: settings may be logged.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # Keys the admin routes (weight updates, cache flush) take; a plain api_key never opens them (edge/auth.py).

@@ -22,7 +22,11 @@ FORMAT = "The {where} is a {fmt} image; the formats this server decodes are {for
 TOO_MANY_PIXELS = ("The {where} is {width} x {height} = {pixels} pixels; max_image_pixels is {limit} (checked from "
                    "the image's header, before it is decoded).")
 NOT_DATA_URL = ("The {where} must be a `data:image/...;base64,` URL; got {value!r}. Remote URLs are not fetched by "
-                "this server (servers often have no network): send the image's bytes in a data: URL.")
+                "this server (allow_image_urls is off): send the image's bytes in a data: URL.")
+NOT_AN_IMAGE_SOURCE = ("The {where} must be a `data:image/...;base64,` URL, base64 bytes or an http(s) URL; got "
+                       "{value!r} (files on the server are never read).")
+FETCH_FAILED = "The {where} could not be fetched from {value!r} ({reason})."
+FETCH_TOO_LARGE = "The {where} at {value!r} is over max_request_bytes ({limit} bytes)."
 BAD_BASE64 = "The {where} is not valid base64 ({value!r}...)."
 PLACEHOLDERS = ("The prompt has {runs} image placeholder runs (token id {token_id}) for {images} images: give one "
                 "run per image, in order.")

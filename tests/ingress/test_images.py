@@ -7,7 +7,10 @@ from __future__ import annotations
 import base64
 import io
 import struct
+import threading
 import zlib
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -117,7 +120,7 @@ async def test_image_count_is_checked_before_decoding(side: ImageSide) -> None:
 
 
 def test_settings_carry_the_limits() -> None:
-    assert image_limits(IngressSettings()) == ImageLimits(8, 16_777_216)
+    assert image_limits(IngressSettings()) == ImageLimits(8, 16_777_216, False, 4 * 2**20, 30.0)
     with pytest.raises(ValueError, match="max_image_pixels"):
         IngressSettings(max_image_pixels=0)
 
@@ -130,13 +133,55 @@ def test_data_urls() -> None:
     assert from_image_data(url, "w", "image_data").data == data
 
 
-@pytest.mark.parametrize("value", ["https://example.com/cat.png" + "x" * 10_000, "file:///etc/passwd",
-                                   "data:text/plain;base64,AAAA", "data:image/png,rawbytes"])
-def test_remote_and_non_image_urls_are_refused_quoting_a_prefix(value: str) -> None:
+@pytest.mark.parametrize("value", ["file:///etc/passwd" + "x" * 10_000, "/etc/passwd", "data:text/plain;base64,AAAA",
+                                   "data:image/png,rawbytes", "ftp://host/cat.png"])
+def test_non_image_sources_are_refused_quoting_a_prefix(value: str) -> None:
     with pytest.raises(InvalidRequest) as err:
-        (from_data_url if value.startswith("data:") else from_image_data)(value, "image 0", "messages")
-    assert "Remote URLs are not fetched" in err.value.message
-    assert len(err.value.message) < 300
+        (from_image_data if value.startswith(("file:", "/")) else from_data_url)(value, "image 0", "messages")
+    assert "data:image/...;base64," in err.value.message and len(err.value.message) < 300
+
+
+async def test_a_remote_url_is_refused_unless_allowed(side: ImageSide) -> None:
+    url = "https://example.com/cat.png?" + "x" * 10_000
+    blob = from_data_url(url, "messages[0] image 0", "messages")
+    with pytest.raises(InvalidRequest) as err:
+        await prepare_images(side, [blob], LIMITS, "messages")
+    assert err.value.message == img.NOT_DATA_URL.format(where="messages[0] image 0", value=img.quote(url))
+
+
+@pytest.fixture
+def image_server() -> Iterator[str]:
+    """A real HTTP server on this machine serving /cat.png (a PNG), /big (more bytes than the limit), /gone (404)."""
+    png = _encoded(random_image(84, 56, seed=9))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = {"/cat.png": png, "/big": b"\0" * 300_000}.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join()
+
+
+async def test_allowed_urls_are_fetched_within_the_limits(side: ImageSide, image_server: str) -> None:
+    allowed = ImageLimits(2, 200 * 200, allow_urls=True, max_bytes=100_000, timeout_s=10)
+    (got,) = await prepare_images(side, [from_image_data(f"{image_server}/cat.png", "w", "image_data")], allowed,
+                                  "image_data")
+    assert got.digest == image_input("qwen2_5_vl", random_image(84, 56, seed=9)).digest
+    with pytest.raises(InvalidRequest, match=r"is over max_request_bytes \(100000 bytes\)"):
+        await prepare_images(side, [from_image_data(f"{image_server}/big", "w", "image_data")], allowed, "image_data")
+    with pytest.raises(InvalidRequest, match=r"could not be fetched .* \(HTTP 404\)"):
+        await prepare_images(side, [from_image_data(f"{image_server}/gone", "w", "image_data")], allowed, "image_data")
 
 
 def test_bad_base64_quotes_a_prefix() -> None:

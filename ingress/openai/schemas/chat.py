@@ -17,7 +17,8 @@ from ingress.openai.schemas.common import STRICT_BODY, SamplingFields, Usage
 class ImageURL(BaseModel):
     model_config = STRICT_BODY
 
-    url: str = Field(description="A `data:image/<type>;base64,...` URL: remote URLs are not fetched (400).")
+    url: str = Field(description="A `data:image/<type>;base64,...` URL; an http(s) URL only with the "
+                     "server's allow_image_urls (else 400).")
     detail: str | None = Field(None, description="Accepted and unused: the model's image processor sizes images.")
 
 
