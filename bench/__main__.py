@@ -14,10 +14,13 @@ Tools, by folder (bench/lib/ holds the harness, timing and reports; bench/worklo
                parallelism's per-step cost), score_memory (a scoring chunk's peak bytes per logit on CPU),
                head_dtype (a float32 LM head's time and memory against the bfloat16 head)
   device/      cuda_check (the prepared GPU run: float32 exactness, 8B bf16 MFU; --cpu-smoke on CPU)
-  serving/     reliability (flood, kill, drain, abandon against a server), offline (rayscore-batch vs a loop),
-               lm_eval_compare (lm-eval through rayscore vs its hf backend), prefix_routing (cache-aware routing)
-  invariance/  invariant (batch-invariant mode vs the default), invariant_cost (its per-kernel cost),
-               invariant_device (the mode's checks and bits on this device)
+  serving/     offline (rayscore-batch vs a loop), prefix_routing (cache-aware routing), front_door (Serve's
+               Python proxy vs HAProxy)
+  invariance/  invariant (batch-invariant mode vs the default), invariant_cost (its per-kernel cost)
+  checks/      (the correctness tools, a package of their own that the tests import) reliability (flood, kill,
+               drain, abandon against a server), cluster_faults (node loss and redeploy on several raylets),
+               lm_eval_compare (lm-eval through rayscore vs its hf backend), invariant_device (batch-invariant
+               mode's checks and bits on this device)
   workloads/   compact (logprob answers as JSON vs the compact encoding: bytes and requests/s over HTTP at
                top-0/20/256 on 2,048 tokens)
 
@@ -82,12 +85,12 @@ _TOOLS = {
     "lora": "bench.features.lora", "classify": "bench.features.classify",
     "score_memory": "bench.features.score_memory", "head_dtype": "bench.features.head_dtype",
     "cuda_check": "bench.device.cuda_check",
-    "reliability": "bench.serving.reliability", "offline": "bench.serving.offline",
-    "lm_eval_compare": "bench.serving.lm_eval_compare", "prefix_routing": "bench.serving.prefix_routing",
+    "reliability": "checks.reliability", "offline": "bench.serving.offline",
+    "lm_eval_compare": "checks.lm_eval_compare", "prefix_routing": "bench.serving.prefix_routing",
     "invariant": "bench.invariance.compare", "invariant_cost": "bench.invariance.cost",
-    "invariant_device": "bench.invariance.device",
+    "invariant_device": "checks.invariant_device",
     "compact": "bench.workloads.compact",
-    "cluster_faults": "bench.serving.cluster_faults", "front_door": "bench.serving.front_door",
+    "cluster_faults": "checks.cluster_faults", "front_door": "bench.serving.front_door",
 }
 
 

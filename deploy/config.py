@@ -99,6 +99,9 @@ class AppConfig(DerivedFields):  # type: ignore[misc,valid-type]
                                     "request) for this long, or whose headers are not complete this long after its "
                                     "request began, is answered 408 and closed. Python proxy: not enforced (Serve's "
                                     "proxy has no such timer).")
+    max_url_bytes: int = Field(8 * 1024, gt=0, description="Most bytes of a request's target (path and query "
+                               "string): 414 (front-door guard) above it. Behind HAProxy, a request line or headers "
+                               "past its buffer (max_header_bytes + 1 KiB) are HAProxy's own 400.")
     max_header_bytes: int = Field(16 * 1024, gt=0, description="Most bytes of request headers: 431 (front-door "
                                   "guard) or HAProxy's 400 above it.")
 
@@ -107,9 +110,9 @@ class AppConfig(DerivedFields):  # type: ignore[misc,valid-type]
     # SecretStr: a config printed or logged shows '**********', never a key.
     api_keys: list[SecretStr] | None = Field(None, description="Accepted `Authorization: Bearer` keys (every route but "
                                        "/health and the API docs); also from $RAYSCORE_API_KEYS, comma-separated.")
-    admin_api_keys: list[SecretStr] | None = Field(None, description="Keys that open the admin routes "
-                                             "(/update_weights_from_disk, /flush_cache), which no `api_keys` key "
-                                             "opens; also from $RAYSCORE_ADMIN_API_KEYS.")
+    admin_api_keys: list[SecretStr] | None = Field(None, description="Keys that open the admin routes (weight "
+                                             "updates, cache flush, pause, continue, abort, adapter loading), which "
+                                             "no `api_keys` key opens; also from $RAYSCORE_ADMIN_API_KEYS.")
     allow_unauthenticated: bool = Field(False, description="Serve without API keys on a non-loopback address on "
                                         "purpose; otherwise such a config refuses to start.")
 

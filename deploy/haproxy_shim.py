@@ -14,23 +14,34 @@ The patch adds, idempotently:
 A file without the expected anchors is left as Ray wrote it, with one warning line on stderr (Ray keeps it in
 HAProxy's stderr log): never a broken proxy.
 
+Nothing of it outlives the app. Ray's manager kills the HAProxy it knows when it stops in order, but an actor that is
+killed (`serve shutdown`, `ray stop`, the end of `make serve`'s process group) stops nothing, and its children are
+re-parented to pid 1, still listening. So before the exec the shim asks the kernel to kill the process when its
+parent (Ray's HAProxy manager) dies (PR_SET_PDEATHSIG, which the exec keeps), and appends its pid to
+`<config>.rayscore-pids`, from which the launcher (deploy/launch.py) kills whatever is still ours after Serve stops
+(`reap`: only pids whose command line still names that config file).
+
 Standard library only, run as `python -I -S haproxy_shim.py <settings JSON> <real binary> <haproxy args...>` by the
 small script front_door.py writes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import hashlib
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 MARKER = "# rayscore front door"
+PID_SUFFIX = ".rayscore-pids"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WARNING = "rayscore haproxy shim: warning: {config} left unpatched ({why})"
 _SECTION = re.compile(r"^(global|defaults|frontend|backend|listen|peers|resolvers|userlist|cache|program|ring|"
                       r"http-errors|mailers)\b")
@@ -137,10 +148,65 @@ def config_path(args: Iterable[str]) -> str | None:
     return next((next(it, None) for a in it if a == "-f"), None)
 
 
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process (and the HAProxy it becomes) when `parent` dies; exit now if it is already gone."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the launcher's reap is the only cleanup
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect: nobody would stop us
+        os._exit(1)
+
+
+def record_pid(config: str) -> None:
+    """Append this process's pid (HAProxy's, after the exec) to the config's pid file."""
+    with open(config + PID_SUFFIX, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        f.write(f"{os.getpid()}\n")
+
+
+def is_ours(pid: int, config: str) -> bool:
+    """Whether `pid` is alive and still a HAProxy of `config` (a recycled pid is not)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return config.encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def reap(config: str) -> list[int]:
+    """SIGKILL every HAProxy the shim became for `config` that is still alive; the pids killed. The pid file goes."""
+    try:
+        with open(config + PID_SUFFIX) as f:
+            pids = [int(x) for x in f.read().split() if x.isdigit()]
+    except OSError:
+        return []
+    killed = []
+    for pid in dict.fromkeys(pids):
+        if is_ours(pid, config):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except OSError:
+                pass
+    try:
+        os.unlink(config + PID_SUFFIX)
+    except OSError:
+        pass
+    return killed
+
+
 def main(argv: list[str]) -> None:
+    parent = os.getppid()
     settings_json, real, args = argv[1], argv[2], argv[3:]
     config = config_path(args)
+    die_with_parent(parent)
     if config is not None:
+        try:
+            record_pid(config)
+        except OSError as exc:
+            print(f"rayscore haproxy shim: warning: pid not recorded ({exc})", file=sys.stderr, flush=True)
         try:
             why = patch_file(config, Settings.from_json(settings_json, os.environ))
         except Exception as exc:  # never keep Ray's HAProxy from starting

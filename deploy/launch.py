@@ -26,7 +26,8 @@ import ray
 import yaml
 
 from deploy.config import check_user_configs
-from deploy.front_door import front_door
+from deploy.front_door import front_door, haproxy_config_file
+from deploy.haproxy_shim import reap
 
 DEFAULT_METRICS_PORT = 8080
 
@@ -68,10 +69,19 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     # The namespace `serve run` would use; a private ray.init keyword is Ray's only knob for this port.
     ray.init(namespace="serve", _metrics_export_port=args.metrics_export_port)
+    haproxy_config = haproxy_config_file(os.environ, ray.get_runtime_context().get_node_id())
     print(f"rayscore: Ray metrics at http://127.0.0.1:{args.metrics_export_port}/metrics", flush=True)
     from ray.serve.scripts import cli
 
-    cli.main(args=["run", args.config], prog_name="serve")
+    try:
+        cli.main(args=["run", args.config], prog_name="serve")
+    finally:
+        # Ray's HAProxy manager stops only the HAProxy it still knows, and only when it is stopped in order: every
+        # instance the shim became (first start and each reload) goes with the launcher, so the ports are free for
+        # the next start (the shim's own PR_SET_PDEATHSIG covers `ray stop` and a killed launcher).
+        ray.shutdown()
+        if killed := reap(haproxy_config):
+            print(f"rayscore: stopped {len(killed)} HAProxy process(es) left behind: {killed}", flush=True)
 
 
 if __name__ == "__main__":

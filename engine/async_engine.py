@@ -62,7 +62,7 @@ class AsyncEngine:
         # An exclusive call waiting for the engine to drain (run_exclusive) and the adds held back meanwhile.
         self._exclusive: tuple[Callable[[LLMEngine], Any], concurrent.futures.Future, int] | None = None
         self._held: list[AddRequest | RunExclusive] = []
-        self._pause = PauseState(cfg.pause_timeout_s)  # only the engine thread reads or writes it
+        self._pause = PauseState(cfg.pause_timeout_s)  # only the engine thread writes it (paused_mode reads)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = False
@@ -156,6 +156,12 @@ class AsyncEngine:
         self._commands.put(Control(op, done))
         self._wake.set()
         return done
+
+    @property
+    def paused_mode(self) -> str | None:
+        """The pause's mode, None while generating. Read from other threads for reports only: a reading a moment
+        old is as good as a fresh one (one attribute, written by the engine thread)."""
+        return self._pause.mode
 
     def stats(self) -> ServingStats:
         queued, queued_tokens = self.admission.queued

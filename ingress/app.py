@@ -71,12 +71,16 @@ def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
     app.include_router(generate_router(backend, settings, retries))
 
     async def health() -> Response:
-        if await backend.ready():
-            return JSONAnswer({"status": "ok"})
-        return JSONAnswer({"status": "unavailable"}, status_code=503)
+        if not await backend.ready():
+            return JSONAnswer({"status": "unavailable"}, status_code=503)
+        # Paused is alive (200: a load balancer keeps the server), but a client or operator must see why nothing
+        # is generated: SGLang's pause holds every request until /continue_generation or `pause_timeout_s`.
+        if (mode := await backend.paused()) is not None:
+            return JSONAnswer({"status": "paused", "pause_mode": mode})
+        return JSONAnswer({"status": "ok"})
 
     app.add_api_route("/health", health, methods=["GET"], response_model=None,
-                      summary="Ready when the ingress and at least one worker answer",
+                      summary="Ready when the ingress and at least one worker answer; says when generation is paused",
                       responses={200: {"model": HealthBody}, 503: {"model": HealthBody}})
     # /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info (openai/router.py).
     app.include_router(openai_router(backend, settings, retries))

@@ -74,6 +74,11 @@ class Backend(Protocol):
         """True when at least one worker answers; never raises."""
         ...
 
+    async def paused(self) -> str | None:
+        """The pause mode a worker reports (a pause holds every replica), None while generating or when no worker
+        answers; never raises."""
+        ...
+
     # The served tokenizer (ingress/text.py: the ingress's own, loaded from the model folder; no worker call).
     # Each raises when no worker has told the model yet.
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -361,6 +366,16 @@ class HandleBackend:
                 response.cancel()
             logger.info("worker not ready: %s", type(exc).__name__)
             return False
+
+    async def paused(self) -> str | None:
+        response = self._worker.stats.remote()
+        try:
+            stats = await asyncio.wait_for(_await(response), timeout=self._ready_timeout_s)
+        except Exception:  # noqa: BLE001  # no answer: ready() reports that; the pause is unknown
+            with contextlib.suppress(Exception):
+                response.cancel()
+            return None
+        return getattr(stats, "paused", None)
 
 
 def _translated(exc: Exception) -> Exception:

@@ -1,6 +1,6 @@
 """The worker requests of one HTTP request, admitted as one unit.
 
-A /generate batch, the prompts of /v1/completions and /v1/score's items x labels become several worker requests.
+A /generate batch, the prompts of /v1/completions and /v1/score's items become several worker requests.
 Counted one by one, their prompts overflow a worker's queue bounds even on an idle server (40 labels of an
 1,800-token query are 72,000 queued tokens, against max_queued_tokens=32,768), and each refusal is a 503 that
 invites a retry which can never work. So before any is sent:

@@ -16,11 +16,12 @@ from starlette.types import Receive, Scope, Send
 
 from ingress.settings import IngressSettings
 
-# Not settable through the ingress's user_config: the keys are secrets (args or the environment, read at start), and
+# Not settable through the ingress's user_config: the keys are secrets (args or the environment, read at start) and
+# who may use the admin routes is decided with them, and
 # the two logprob limits are the workers' runtime settings (their user_config: one place), which the ingress checks
 # as the workers report them (ModelInfo).
 WORKERS_FIELDS = frozenset({"max_top_logprobs", "max_logprob_entries"})
-NOT_RUNTIME = frozenset({"api_keys", "admin_api_keys"}) | WORKERS_FIELDS
+NOT_RUNTIME = frozenset({"api_keys", "admin_api_keys", "open_admin_routes"}) | WORKERS_FIELDS
 RUNTIME_FIELDS = tuple(f.name for f in dataclasses.fields(IngressSettings) if f.name not in NOT_RUNTIME)
 UNKNOWN_FIELD = ("user_config field `{name}` is not a runtime setting of the ingress; these are: {fields} (every "
                  "other setting is an `args` field, and changing it restarts the replicas).")

@@ -27,7 +27,7 @@ class IngressSettings:
     # Fan-out and field bounds (limits.py): one client's valid-looking request must not cost the workers more than
     # their queues hold, nor every generated token a scan of a million stop strings.
     max_batch_items: int = _doc(32, "Most worker requests one HTTP request may make: /generate batch items, "
-                                "OpenAI prompts, /v1/score items x labels (400 above it).")
+                                "OpenAI prompts, /v1/score items (400 above it).")
     max_stop_strings: int = _doc(16, "Most stop strings one request may give (400 above it).")
     max_stop_string_chars: int = _doc(256, "Longest stop string, characters (400 above it).")
     max_stop_token_ids: int = _doc(256, "Most stop_token_ids one request may give (400 above it).")
@@ -64,6 +64,12 @@ class IngressSettings:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # Keys the admin routes (weight updates, cache flush) take; a plain api_key never opens them (edge/auth.py).
     admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # Closed by default: with no admin key configured, anyone who can reach the server could otherwise pause it.
+    open_admin_routes: bool = _doc(False, "Open the admin routes (pause, continue, abort, weight updates, adapter "
+                                   "loading, cache flush) without an admin key to every client that passes the API-key "
+                                   "check: only on a trusted network. Default: they answer 401 unless "
+                                   "`admin_api_keys` is set and the client sends one (when set, it is always "
+                                   "required).")
 
     def __post_init__(self) -> None:
         for name in ("max_batch_items", "max_stop_strings", "max_stop_string_chars", "max_stop_token_ids",

@@ -108,5 +108,7 @@ class WorkerStats:
     # scoring requests into one call (ingress/coalesce.py), so requests / calls is how much it did.
     whole_calls: int = 0
     whole_requests: int = 0
+    # SGLang's pause mode while generation is paused (POST /pause_generation), None while generating.
+    paused: str | None = None
     # Streaming calls (generate) served: with whole_calls, every request-carrying call this replica took.
     stream_calls: int = 0

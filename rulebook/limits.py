@@ -17,7 +17,7 @@ TOP_K_OVER = ("The request asks for the {k} most likely tokens per position; thi
 ENTRIES_OVER = ("The request would return {entries} logprob entries (rows x (1 + top-k) + scored rows x "
                 "len(token_ids_logprob), summed over its prompts); "
                 "this server returns at most {limit} per request (config field `max_logprob_entries`).")
-FAN_OUT_OVER = ("The request makes {n} worker requests (batch items, prompts, or score items x labels); this "
+FAN_OUT_OVER = ("The request makes {n} worker requests (batch items, prompts, or score items); this "
                 "server takes at most {limit} per request (config field `max_batch_items`).")
 FIELD_OVER = "The request's {what} is {n}, above {limit} (config field `{field}`)."
 

@@ -37,6 +37,8 @@ TEXT_TOO_LONG = ("The text has {chars} characters, above max_model_len x max_pro
                  "(config field `max_prompt_chars_per_token`): it cannot fit the model's context.")
 
 
+TOO_MANY_IDS = ("The {param} list has {count} token ids, above max_model_len = {limit}: this server detokenizes at "
+                "most one context's worth of ids per request.")
 EMPTY_PROMPT = "The prompt must not be an empty string"
 REQUEST_ID_IN_USE = "request id {rid!r} is already in use"
 
@@ -196,6 +198,14 @@ def text_too_long(chars: int, max_model_len: int, chars_per_token: int) -> Viola
     more than chars_per_token characters per token of the context can fit it."""
     limit = max_model_len * chars_per_token
     return Violation(TEXT_TOO_LONG.format(chars=chars, limit=limit)) if chars > limit else None
+
+
+def too_many_ids(count: int, max_model_len: int, param: str = "tokens") -> Violation | None:
+    """Ids to detokenize are bounded by the context before any is looked at (1.9 M ids held a worker and came back
+    as a 503, which a retry never fixes)."""
+    if count <= max_model_len:
+        return None
+    return Violation(TOO_MANY_IDS.format(param=param, count=count, limit=max_model_len), param)
 
 
 def untokenizable(text: str, max_model_len: int, chars_per_token: int, what: str = "prompt") -> Violation | None:

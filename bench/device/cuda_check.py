@@ -17,7 +17,7 @@ Sections, each in its own try (a failing one prints its traceback and the others
              the workloads users send, on that model (bench/device/workloads.py): ragged scoring, the same as
              plain prefill, multiple choice with shared contexts, generation at batch 64 and 256 with and without
              CUDA graphs; tok/s, MFU (measured peak and spec) and peak memory of each side
-  invariant  batch-invariant mode's checks and bits on the device (bench/invariance/device.py), small settings
+  invariant  batch-invariant mode's checks and bits on the device (checks/invariant_device.py), small settings
 Each section needs some seconds left to start (bf16 keeps 8 of the 32 layers when under 150 are left); once the
 run passes --budget-s (540, PLAN's total with room: under a device call's 600 s) the sections left are skipped with
 a note. On CUDA each section first checks that the GPU memory PLAN gives it is available (free plus what this run
@@ -131,11 +131,11 @@ def env_section(run: Run) -> dict[str, Any]:
 
 
 def invariant_section(run: Run) -> dict[str, Any]:
-    """bench/invariance/device.py's run, small: a SmolLM2-shaped checkpoint of 4 layers (the smoke run: a tiny
+    """checks/invariant_device.py's run, small: a SmolLM2-shaped checkpoint of 4 layers (the smoke run: a tiny
     Llama, whose start-up checks take seconds rather than SmolLM2's half minute on a CPU), float32 then (time
     allowing) bfloat16, each in both modes."""
     from bench.device.exact import SMOKE, SMOLLM2, build
-    from bench.invariance import device as inv
+    from checks import invariant_device as inv
     from engine.invariant.row_plan import machine_name
 
     if run.smoke:  # BESIDE's longest request is 700 tokens

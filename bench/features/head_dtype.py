@@ -6,7 +6,7 @@
 The head alone: the final norm + LM head of a random-weight engine LM (no layers; bench/features/score_memory.py's)
 over R rows, as the engine runs them: R = 1 is a sampling row (compute_logits), R = 256 a scoring chunk
 (logit_buffer.float_logits + score_rows with top-5). Per side: the seconds (median of --reps, the sides alternating),
-the peak bytes the CPU allocator held beyond what was alive before (bench/lib/cpu_peak.py) and the largest |logprob|
+the peak bytes the CPU allocator held beyond what was alive before (checks/cpu_peak.py) and the largest |logprob|
 error at the rows' targets against the same bfloat16 weights projected in float64. Neither side keeps a float32
 copy of the head: resident memory is the same (the float32 head upcasts UPCAST_ROWS vocabulary rows per call).
 
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from bench.features.score_memory import head_model
-from bench.lib.cpu_peak import peak_bytes
 from bench.lib.harness import set_threads
+from checks.cpu_peak import peak_bytes
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.layers.linear import UPCAST_ROWS
 from engine.llm_engine import LLMEngine

@@ -9,7 +9,7 @@ whole-row comparison for a rank. Both run the final norm + LM head of a random-w
 do not touch the chunk) over the same rows, `all` with every row feature (soft-cap 30, temperature 0.7, top-5,
 three token ids, the target's rank), `plain` with top-5 alone.
 
-Peak: torch.profiler's allocation events of the CPU allocator (bench/lib/cpu_peak.py), the most held at once
+Peak: torch.profiler's allocation events of the CPU allocator (checks/cpu_peak.py), the most held at once
 beyond what was alive before the chunk. Reported per logit (bytes / (rows x vocab)), as GB per 1,024 rows, against
 score_bytes of engine/runner/score_chunks.py (the bound the CUDA chunk sizing uses), with both forms' largest |value
 difference| and the seconds of a chunk (median of --reps; on CPU, where a bf16 head is slow either way).
@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from bench.lib.cpu_peak import peak_bytes
 from bench.lib.harness import set_threads
+from checks.cpu_peak import peak_bytes
 from engine.models.llama import LlamaForCausalLM
 from engine.runner.logit_buffer import float_logits
 from engine.runner.logprobs import score_rows, top_k_rows

@@ -85,14 +85,14 @@ def compare(label: str, model: torch.nn.Module, run: Callable[[AttentionBackend,
           f" | ratio wall {i[0] / d[0]:.2f}x cpu {i[1] / d[1]:.2f}x", flush=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench invariant_cost", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", type=int, nargs="*", default=[512, 2048])
     ap.add_argument("--decode-batch", type=int, nargs="*", default=[1, 16])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, _ = load_model(ensure_default_model(), "float32", torch.device("cpu"))
     for n in args.lengths:

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import yaml
 
-from bench.reliability import ids_of
+from checks.reliability import ids_of
 
 
 def _free_port() -> int:

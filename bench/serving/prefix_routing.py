@@ -109,7 +109,7 @@ def run_one(router: str, url: str, base_args: dict[str, Any], reqs: list[tuple[l
         serve.delete(app)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--contexts", type=int, default=8)
@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--kv-cache-mb", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="also write the results as JSON here")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
 
     import ray
     from ray import serve

@@ -2,7 +2,7 @@
 has computed any of them yet) and their prompt tokens. One request more than the bounds is refused at once,
 before it is queued, so that a flood costs the worker a counter, not memory or minutes of latency.
 
-Groups: the worker requests of one HTTP request (a /generate batch, /v1/score's items x labels) may name a
+Groups: the worker requests of one HTTP request (a /generate batch, /v1/score's items) may name a
 group and how many of their first tokens an earlier member of it has too (`shared`). While such a member waits
 here, a newcomer of its group is counted without them: the shared query of 40 labels is counted once, as the
 prefix cache computes it once. And a queue that holds only the newcomer's own group takes it whatever its

@@ -29,6 +29,9 @@ ADMIN_PATHS = frozenset({"/update_weights_from_disk", "/flush_cache", "/pause_ge
                          "/unload_lora_adapter"})
 ADMIN_ONLY = ("This route changes the served weights, adapters, caches or generation: it needs an admin key "
               "(config field `admin_api_keys` or $RAYSCORE_ADMIN_API_KEYS); an API key does not open it.")
+ADMIN_CLOSED = ("This route changes the served weights, adapters, caches or generation, and this server has no admin "
+                "key: set `admin_api_keys` (or $RAYSCORE_ADMIN_API_KEYS) and send one, or set `open_admin_routes: "
+                "true` to open the admin routes on a trusted network.")
 
 
 def resolve_keys(config_keys: Iterable[str] | None, environ: Mapping[str, str], var: str = ENV_VAR
@@ -59,12 +62,13 @@ def check_authorization(header: str | None, keys: tuple[str, ...]) -> None:
 
 
 def check_admin(header: str | None, settings: IngressSettings) -> None:
-    """The admin routes: open only when no key of any kind is set (a loopback or explicitly unauthenticated
-    server); otherwise only an admin key opens them, never a plain API key (401 either way, naming the field)."""
-    if not settings.api_keys and not settings.admin_api_keys:
-        return
+    """The admin routes: an admin key opens them, never a plain API key (401 naming the field). With no admin key
+    configured they are closed, unless `open_admin_routes` opens them to whoever passes the API-key check."""
     if not settings.admin_api_keys:
-        raise Unauthorized(ADMIN_ONLY)
+        if not settings.open_admin_routes:
+            raise Unauthorized(ADMIN_CLOSED)
+        check_authorization(header, settings.api_keys)
+        return
     try:
         check_authorization(header, settings.admin_api_keys)
     except Unauthorized as exc:

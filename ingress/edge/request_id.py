@@ -32,12 +32,21 @@ HEADER = "x-request-id"
 _USABLE_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
 
+def usable_id(value: bytes) -> str | None:
+    """A client's X-Request-ID value as the id, or None when it is not short and plain (then one is made)."""
+    rid = value.decode("latin-1")
+    return rid if _USABLE_ID.fullmatch(rid) else None
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
 def request_id_of(scope: Scope) -> str:
     for key, value in scope.get("headers", ()):
         if key.decode("latin-1").lower() == HEADER:
-            rid = value.decode("latin-1")
-            return rid if _USABLE_ID.fullmatch(rid) else uuid.uuid4().hex
-    return uuid.uuid4().hex
+            return usable_id(value) or new_id()
+    return new_id()
 
 
 def _serve_echoes(rid: str) -> bool:

@@ -78,6 +78,7 @@ class GenerateBody(BaseModel):
 # missing `matched` stays absent and None vs [] survive exactly; FastAPI never re-serializes them.
 
 LogprobRow = list[Any]  # [value, token_id]
+_ABSENT = "null, or absent in SGLang's dialect, without return_logprob."
 
 
 class FinishReasonSchema(BaseModel):
@@ -94,11 +95,13 @@ class MetaInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    input_token_logprobs: list[LogprobRow] | None
-    input_top_logprobs: list[list[LogprobRow]] | None
-    output_token_logprobs: list[LogprobRow] | None
-    output_top_logprobs: list[list[LogprobRow]] | None
-    input_token_ids_logprobs: list[list[LogprobRow]] | None = Field(
+    # SGLang's dialect (a body with `sampling_params` or `text`) answers as SGLang does: the logprob fields only with
+    # return_logprob, and a null entry where a position has no list (the boundary row, a row without top-k).
+    input_token_logprobs: list[LogprobRow | None] | None = Field(None, description=_ABSENT)
+    input_top_logprobs: list[list[LogprobRow] | None] | None = Field(None, description=_ABSENT)
+    output_token_logprobs: list[LogprobRow | None] | None = Field(None, description=_ABSENT)
+    output_top_logprobs: list[list[LogprobRow] | None] | None = Field(None, description=_ABSENT)
+    input_token_ids_logprobs: list[list[LogprobRow] | None] | None = Field(
         None, description="Only with token_ids_logprob: per scored row, [value, token_id] of each id asked.")
     input_logprob_temperature: float | None = Field(None, description="Only when the request set it.")
     weight_version: str | None = Field(description="The weights that computed the answer (all of it: weights "
@@ -122,4 +125,6 @@ class ErrorBody(BaseModel):
 
 
 class HealthBody(BaseModel):
-    status: Literal["ok", "unavailable"]
+    status: Literal["ok", "paused", "unavailable"]
+    pause_mode: str | None = Field(None, description="SGLang's pause mode while generation is paused (status "
+                                   "paused): requests wait at most `pause_timeout_s`, then answer 503.")

@@ -7,11 +7,12 @@ both token ids (concatenated), `label_token_ids`, `apply_softmax`, `item_first`,
 score is the label's probability under the full next-token distribution; with it, the softmax over the label
 tokens' logits alone (so an item's scores sum to 1).
 
-Exact by construction, on the engine's scoring path: label t of an item is the worker request
-query+item+[t] with the boundary at its last position but one, whose single row is log p(t | query+item),
-the same value /generate's scoring returns. The item's requests share everything but their last token, and
-every item shares the query: the prefix router sends them to one worker, whose prefix cache (with the
-hidden-state store) computes the shared tokens once.
+Exact by construction, on the engine's scoring path, as SGLang computes it: an item is one worker request,
+query+item+[first label] scored at its last position but one, whose single row is the next-token distribution after
+query+item; every label's value is read off that row (token_ids_logprob), the same value /generate's scoring returns.
+So an item costs one scoring row however many labels it has: the label count is bounded by `max_token_ids_logprob`
+(the ids one row reports), the items by `max_batch_items`. Every item shares the query: the prefix router sends them
+to one worker, whose prefix cache (with the hidden-state store) computes the shared tokens once.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from ingress.adapters.select import served_model
 from ingress.backend import Backend
 from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
-from ingress.errors import InvalidRequest, JSONAnswer
+from ingress.errors import InvalidRequest, JSONAnswer, enforce
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.openai.schemas.score import ScoreBody
 from ingress.openai.validation import check_model, check_text
-from protocol import GenerateRequest, ModelInfo, SamplingParams, compact
+from protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams, compact
+from rulebook import limits
 from rulebook import openai as msg
 from rulebook.rules import TOKEN_OUT_OF_RANGE
 
@@ -73,10 +75,19 @@ def check_prompt_len(i: int, ids: list[int], info: ModelInfo) -> None:
         raise InvalidRequest(msg.PAIR_TOO_LONG.format(i=i, n=len(ids), limit=info.max_model_len), param="items")
 
 
-def label_request(rid: str, ids: list[int], label: int) -> GenerateRequest:
-    """ids+[label], scored from its last position but one: its one row is log p(label | ids)."""
-    params = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=len(ids) - 1)
-    return GenerateRequest(rid=rid, input_ids=[*ids, label], params=params)
+def label_request(rid: str, ids: list[int], labels: list[int]) -> GenerateRequest:
+    """ids+[first label], scored from its last position but one: its one row is the distribution after `ids`, and
+    it reports log p(t | ids) of every label t (token_ids_logprob)."""
+    params = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=len(ids) - 1,
+                            token_ids_logprob=list(labels))
+    return GenerateRequest(rid=rid, input_ids=[*ids, labels[0]], params=params)
+
+
+def label_values(whole: GenerateChunk, labels: list[int]) -> list[float]:
+    """The labels' values from the item's one row, in the body's order (a label may repeat)."""
+    row = whole.input_token_ids_logprobs[0]  # type: ignore[index]  # one scored row, with token_ids_logprob
+    by_id = {int(t): float(v) for v, t in row}
+    return [by_id[t] for t in labels]
 
 
 def probabilities(values: list[float], apply_softmax: bool) -> list[float]:
@@ -104,17 +115,18 @@ class ScoreRoutes:
         query, items = validate_score(body.model_copy(update={"model": None}), info)
         check_causal(info, "/v1/score")
         labels = body.label_token_ids or []
-        batch.check_fan_out(len(items) * len(labels))  # counted from the body: before any text is tokenized
+        # Counted from the body, before any text is tokenized: one worker request per item, one row reporting every
+        # label.
+        enforce(limits.field_over("number of label_token_ids", len(labels), batch.settings.max_token_ids_logprob,
+                                  "max_token_ids_logprob"), param="label_token_ids")
+        batch.check_fan_out(len(items))
         prompts = await self._prompts(query, items, body.item_first, info)
         for i, ids in enumerate(prompts):
             check_prompt_len(i, ids, info)
         sid = f"score-{current_request_id() or uuid.uuid4().hex}"
-        wholes = await batch.answers([label_request(f"{sid}-{i}-{j}", ids, t)  # one unary worker call
-                                      for i, ids in enumerate(prompts) for j, t in enumerate(labels)], info)
-        # A label request scores exactly one row, so its input_token_logprobs is never None here.
-        rows = [whole.input_token_logprobs[0][0] for whole in wholes]  # type: ignore[index]
-        scores = [probabilities(rows[i * len(labels):(i + 1) * len(labels)], body.apply_softmax)
-                  for i in range(len(prompts))]
+        wholes = await batch.answers([label_request(f"{sid}-{i}", ids, labels)  # one unary worker call
+                                      for i, ids in enumerate(prompts)], info)
+        scores = [probabilities(label_values(whole, labels), body.apply_softmax) for whole in wholes]
         n = sum(len(ids) for ids in prompts)
         usage = {"prompt_tokens": n, "completion_tokens": 0, "total_tokens": n}
         out: dict = {"scores": scores, "model": info.model_name, "usage": usage, "object": "scoring"}

@@ -16,6 +16,7 @@ from ingress.errors import InvalidRequest, JSONAnswer
 from ingress.lifecycle import Lifecycle
 from ingress.openai.schemas.tokenizer import DetokenizeBody, TokenizeBody
 from ingress.openai.validation import check_model, check_text
+from rulebook import rules
 from rulebook.rules import TOKEN_OUT_OF_RANGE
 
 
@@ -52,6 +53,8 @@ class TokenizerRoutes:
         async def answer() -> dict[str, Any]:
             info = await self._backend.model_info()
             check_model(body.model, info)
+            if (many := rules.too_many_ids(len(body.tokens), info.max_model_len)) is not None:
+                raise InvalidRequest(many.message, param="tokens")
             bad = next((t for t in body.tokens if not 0 <= t < info.vocab_size), None)
             if bad is not None:
                 message = TOKEN_OUT_OF_RANGE.format(token_id=bad, vocab_size=info.vocab_size)

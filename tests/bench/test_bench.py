@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.__main__ import _TOOLS
 from bench.lib import baselines
 from bench.lib.harness import Side, Timings, alternate, percentile
 from bench.lib.mfu import forward_flops
@@ -131,3 +132,14 @@ def test_llamacpp_probe_reports_a_crash_instead_of_taking_the_bench_down(tmp_pat
     assert baselines.llamacpp_probe(tmp_path / "m.gguf") == "a 16-token probe failed: no such model"
     monkeypatch.setattr(baselines, "_PROBE", "import sys; assert sys.argv[1].endswith('m.gguf')")
     assert baselines.llamacpp_probe(tmp_path / "m.gguf") is None
+
+
+@pytest.mark.parametrize("tool", sorted(_TOOLS))
+def test_every_tool_answers_help(tool: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # `python -m bench <tool>` hands the tool its arguments: each main takes them (and the tools that moved to
+    # checks/ are found where they now live).
+    from bench.__main__ import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([tool, "--help"])
+    assert stop.value.code == 0 and "usage:" in capsys.readouterr().out

@@ -9,6 +9,7 @@ import os
 import select
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from deploy.front_door import BINARY_ENV, front_door, real_haproxy
-from deploy.haproxy_shim import MARKER, Settings, patch, sha256_hex
+from deploy.haproxy_shim import MARKER, PID_SUFFIX, Settings, is_ours, patch, reap, sha256_hex
 
 HEADER_TIMEOUT_S = 2
 CONFIG_KEY, ENV_KEY = "k-config", "k-env"
@@ -205,3 +206,62 @@ def test_an_unexpected_config_still_starts_with_one_warning(tmp_path: Path) -> N
     warnings = [x for x in run.stderr.splitlines() if x.startswith("rayscore haproxy shim: warning:")]
     assert run.returncode == 0 and "valid" in run.stdout + run.stderr, run.stderr
     assert len(warnings) == 1 and "http_frontend" in warnings[0] and config.read_text() == text
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _shim_haproxy(run_dir: Path) -> tuple[list[str], int, Path]:
+    """The command Ray runs for HAProxy (through the shim), its port and its config."""
+    port = _free_port()
+    config = render_ray_config(run_dir, port, _free_port())
+    door = front_door({"applications": [{"args": {"header_timeout_s": HEADER_TIMEOUT_S}}]},
+                      {"RAYSCORE_CACHE_DIR": str(run_dir)}, unavailable=None)
+    door.install()
+    return [door.env[BINARY_ENV], "-db", "-f", str(config), "-dR"], port, config
+
+
+def _until(check, seconds: float = 20.0) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_haproxy_dies_with_the_process_that_started_it() -> None:
+    """Ray's HAProxy manager killed (serve shutdown, ray stop) stops nothing itself: the kernel kills the HAProxy
+    the shim became (PR_SET_PDEATHSIG), and the port is free again; the pid was recorded for the launcher."""
+    command, port, config = _shim_haproxy(Path(tempfile_short()))
+    manager = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                                "subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)\ntime.sleep(600)", *command])
+    try:
+        assert _until(lambda: _listening(port))
+        (pid,) = [int(x) for x in Path(str(config) + PID_SUFFIX).read_text().split()]
+        assert is_ours(pid, str(config))
+    finally:
+        manager.kill()
+        manager.wait(10)
+    assert _until(lambda: not is_ours(pid, str(config))) and _until(lambda: not _listening(port))
+
+
+def test_reap_kills_what_the_shim_became_and_nothing_else() -> None:
+    command, port, config = _shim_haproxy(Path(tempfile_short()))
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        assert _until(lambda: _listening(port))
+        with open(str(config) + PID_SUFFIX, "a") as f:
+            f.write(f"{bystander.pid}\n")  # a pid that is not (or no longer) a HAProxy of this config
+        assert reap(str(config)) == [proc.pid]
+        assert proc.wait(10) == -9 and bystander.poll() is None
+        assert not Path(str(config) + PID_SUFFIX).exists() and reap(str(config)) == []
+    finally:
+        bystander.kill()
+        proc.kill()

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OURS = ("protocol", "engine", "ingress", "workers", "deploy", "rulebook", "offline", "bench")
+OURS = ("protocol", "engine", "ingress", "workers", "deploy", "rulebook", "offline", "checks", "bench")
 WEB = ("fastapi", "starlette", "uvicorn")
 
 # Per package: the roots (or exact modules, for ingress -> workers) it may import besides itself and the

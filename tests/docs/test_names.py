@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("engine", "ingress", "workers", "deploy", "rulebook", "offline", "bench", "tests")
+PACKAGES = ("engine", "ingress", "workers", "deploy", "rulebook", "offline", "checks", "bench", "tests")
 CLASS_OR_CONSTANT = re.compile(r"^(?:[A-Z][A-Z0-9_]*|_?[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)*)$")
 
 

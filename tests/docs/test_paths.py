@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TOPS = ("engine", "ingress", "workers", "deploy", "rulebook", "offline", "bench", "tests", "configs", "docs", ".ci")
-CODE = TOPS[:8]
+TOPS = ("engine", "ingress", "workers", "deploy", "rulebook", "offline", "checks", "bench", "tests", "configs", "docs",
+        ".ci")
+CODE = TOPS[:9]
 # Made at run time, never committed (git ignores them): `python -m bench` writes bench/results/, `make docs` site/.
 MADE_AT_RUN_TIME = {"bench/results", "site"}
 # Files of other projects the text names on purpose: Ray Serve's proxy, vLLM's invariance test.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-MAPPED = ("protocol", "ingress", "workers", "engine", "rulebook", "offline", "deploy")
+MAPPED = ("protocol", "ingress", "workers", "engine", "rulebook", "offline", "deploy", "checks")
 
 
 def architecture_map() -> str:

@@ -93,7 +93,9 @@ def _wait_for(cond, timeout_s: float, timeline: list, t0: float) -> bool:
 
 
 def test_burst_scales_up_then_down_without_losing_requests(serve_url: str, smollm2_path) -> None:
-    autoscaling = {"min_replicas": 1, "max_replicas": 3, "initial_replicas": 1, "metrics_interval_s": 0.5,
+    # Up to 2 is the point (up on tokens, back down, nothing lost); a third replica only adds a model load and its
+    # wait to the suite.
+    autoscaling = {"min_replicas": 1, "max_replicas": 2, "initial_replicas": 1, "metrics_interval_s": 0.5,
                    "look_back_period_s": 2, "upscale_delay_s": 1, "downscale_delay_s": 4,
                    "policy": {"policy_function": "workers.autoscaling:TokenLoadPolicy",
                               "policy_kwargs": {"target_tokens_per_worker": TARGET_TOKENS}}}
@@ -102,13 +104,13 @@ def test_burst_scales_up_then_down_without_losing_requests(serve_url: str, smoll
     burst, timeline, t0 = Burst(serve_url + PREFIX), [], time.monotonic()
     try:
         heavy, light = threading.Event(), threading.Event()
-        # 8 clients keep ~8 x 300 tokens queued: 4 workers' worth at the target, so the workers go to max.
+        # 8 clients keep ~8 x 300 tokens queued: 4 workers' worth at the target, so the workers go to max (2).
         threads = [threading.Thread(target=burst.client, args=(heavy, i), daemon=True) for i in range(8)]
         # One slow client keeps requests in flight while the workers scale down: none may be lost.
         threads.append(threading.Thread(target=burst.client, args=(light, 99, 0.5), daemon=True))
         for t in threads:
             t.start()
-        _wait_for(lambda n: n >= 3, 150, timeline, t0)  # to max_replicas, or as far as 150 s get
+        _wait_for(lambda n: n >= 2, 150, timeline, t0)  # to max_replicas, or as far as 150 s get
         heavy.set()
         assert max(n for _, n, _ in timeline) >= 2, f"workers never scaled up: {timeline}"
         scaled_down = _wait_for(lambda n: n == 1, 120, timeline, t0)

@@ -1,7 +1,8 @@
 """The header guard in front of Serve's Python proxy on the session's Serve instance, with raw sockets against
-127.0.0.1: a header value that is not UTF-8 in a header Serve reads itself (X-Request-ID, the request timeout, the
-multiplexed model id) was the proxy's plain-text 500; it is a 400 naming the header. Headers beyond max_header_bytes
-are a 431, and valid values of those headers are served as before."""
+127.0.0.1: a header value that is not UTF-8 in a header Serve reads itself (the request timeout, the multiplexed
+model id) was the proxy's plain-text 500; it is a 400 naming the header, and such an X-Request-ID is replaced (one id
+in every answer). Headers beyond max_header_bytes are a 431, a path beyond max_url_bytes a 414, and valid values of
+those headers are served as before."""
 
 from __future__ import annotations
 
@@ -45,13 +46,31 @@ def raw(port: int, head: bytes) -> tuple[int, bytes]:
 GET = f"GET {PREFIX}/v1/models HTTP/1.1\r\nHost: t\r\n".encode()
 
 
-@pytest.mark.parametrize("name", [b"X-Request-ID", b"x-request-timeout-seconds", b"serve_multiplexed_model_id",
+@pytest.mark.parametrize("name", [b"x-request-timeout-seconds", b"serve_multiplexed_model_id",
                                   b"serve-multiplexed-model-id", b"traceparent"])
 def test_non_utf8_serve_headers_are_a_400(port: int, name: bytes) -> None:
     status, body = raw(port, GET + name + b": \xff\xfe\x80abc\r\n")
     assert status == 400, body
     assert json.loads(body)["error"]["param"] == name.decode().lower()
     assert raw(port, GET + name + b": plain-value\r\n")[0] == 200
+
+
+def test_an_oversized_path_is_a_414_in_json(port: int) -> None:
+    status, body = raw(port, b"GET " + PREFIX.encode() + b"/" + b"a" * 60000 + b" HTTP/1.1\r\nHost: t\r\n")
+    assert status == 414 and "`max_url_bytes`" in json.loads(body)["error"]["message"], body[:300]
+
+
+def test_one_request_id_in_every_answer(port: int) -> None:
+    """A client id with spaces or beyond ASCII is replaced by one made id, never echoed beside it."""
+    for value, kept in ((b"plain-1", True), (b"has spaces", False), ("caf\u00e9 \u2603".encode(), False)):
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(GET + b"X-Request-ID: " + value + b"\r\nConnection: close\r\n\r\n")
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        lines = out.partition(b"\r\n\r\n")[0].split(b"\r\n")
+        ids = [x.split(b":", 1)[1].strip() for x in lines[1:] if x.lower().startswith(b"x-request-id:")]
+        assert b" 200 " in lines[0] and len(ids) == 1 and (ids[0] == value) == kept, (value, lines)
 
 
 def test_headers_are_bounded(port: int) -> None:

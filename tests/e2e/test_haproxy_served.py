@@ -2,7 +2,8 @@
 data plane, the header guard), on a real local Ray of its own (tests/helpers/haproxy_cluster.py in a subprocess:
 a process holds one Ray): exact scoring, request ids, API keys, streaming, a request longer than the header timeout,
 abort on disconnect; no 5xx for header bytes; headers bounded; an idle connection and a trickled header cut within
-header_timeout_s; Serve's /-/routes closed without a key, /-/healthz open."""
+header_timeout_s; Serve's /-/routes closed without a key, /-/healthz open; one X-Request-ID in every answer; and after
+a reload and the stop, no HAProxy process left and no port listening."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def facts(smollm2_path: Path) -> dict:
     line = next((x for x in run.stdout.splitlines() if x.startswith("FACTS ")), None)
     assert line is not None, f"rc={run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
     got = json.loads(line[len("FACTS "):])
+    after = next((x for x in run.stdout.splitlines() if x.startswith("LIFETIME ")), None)
+    got["lifetime"] = json.loads(after[len("LIFETIME "):]) if after else run.stderr[-3000:]
     print(got)
     return got
 
@@ -47,7 +50,8 @@ def test_scoring_ids_keys_and_streaming_hold(facts: dict) -> None:
 
 def test_no_header_value_is_a_5xx(facts: dict) -> None:
     for name, status in facts["headers"].items():
-        assert " 400 " in status + " ", (name, status)
+        # A request id Serve could not decode is replaced by the guard (one id in the answer), others are a 400.
+        assert (" 200 " if name == "X-Request-ID" else " 400 ") in status + " ", (name, status)
     # Refused (HAProxy's 400 once its buffer is full), or the connection reset while the client was still sending.
     assert facts["big_headers"] == "reset" or facts["big_headers"].split(" ")[1] in ("400", "431")
 
@@ -69,3 +73,26 @@ def test_serve_routes_need_a_key_the_health_probe_does_not(facts: dict) -> None:
     assert facts["routes"] == 401 and facts["routes_wrong_key"] == 401 and facts["routes_key"] == 200
     assert " 401 " in facts["routes_bad_bytes"] + " "
     assert facts["healthz"] == 200
+
+
+def test_an_oversized_path_gets_an_answer(facts: dict) -> None:
+    """Within HAProxy's buffer the guard answers a target over max_url_bytes (8,192) with its 414; a request line
+    past the buffer is HAProxy's own 400 (it has no 414), an answer either way, never a closed connection."""
+    paths = facts["long_paths"]
+    assert " 401 " in paths["8000"] + " " and " 414 " in paths["15000"] + " " and " 400 " in paths["60000"] + " "
+
+
+def test_one_request_id_in_every_answer(facts: dict) -> None:
+    """The client's id when short and plain; otherwise one made id in its place, never the raw value beside it."""
+    for value, (status, ids) in facts["request_ids"].items():
+        assert " 200 " in status + " " and len(ids) == 1, (value, status, ids)
+        assert (ids[0] == "front-2") if value == "b'front-2'" else (len(ids[0]) == 32 and ids[0] not in value)
+
+
+def test_nothing_of_haproxy_outlives_the_app(facts: dict) -> None:
+    """HAProxy reloaded once (a second ingress replica), then Serve shut down and Ray stopped: no HAProxy of this run
+    (first start or reload) is alive and none of its ports listens, so a next start binds them."""
+    life = facts["lifetime"]
+    assert isinstance(life, dict), life
+    assert life["haproxy_started"] >= 2 and len(life["recorded"]) >= 2, life
+    assert life["alive"] == [] and life["listening"] == [], life

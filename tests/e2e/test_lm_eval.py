@@ -1,7 +1,7 @@
 """lm-evaluation-harness, unmodified, against rayscore: its `local-completions` backend (OpenAI legacy
 completions, echo + logprobs) over the served app must give exactly what its `hf` backend gives on the
 same model: the same accuracy, and every request's loglikelihood within 1e-4 (float32). The task and the
-runs are bench/serving/lm_eval_compare.py's (also a script, for timings on a bigger task)."""
+runs are checks/lm_eval_compare.py's (also a script, for timings on a bigger task)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serving.lm_eval_compare import compare, hf_args, rayscore_args, run_lm_eval, sglang_args, write_task
+from checks.lm_eval_compare import compare, hf_args, rayscore_args, run_lm_eval, sglang_args, write_task
 
 ATOL = 1e-4
 QUESTIONS = 20  # 80 loglikelihood requests per backend (two lm-eval processes: their start-up is most of the time)

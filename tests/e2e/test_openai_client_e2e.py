@@ -4,6 +4,8 @@ and plain HTTP for /generate batches and /v1/score. Each is held to /generate or
 
 from __future__ import annotations
 
+import math
+
 import httpx
 import pytest
 import torch
@@ -153,3 +155,22 @@ def test_score_equals_transformers(url: str, tok, smollm2_path, apply_softmax: b
         assert answer["object"] == "scoring" and answer["usage"]["prompt_tokens"] == sum(map(len, prompts))
         if apply_softmax:
             assert all(abs(sum(s) - 1) <= 1e-9 for s in answer["scores"])
+
+
+def test_forty_labels_are_read_off_one_row_per_item_exactly(url: str, smollm2_path) -> None:
+    """40 labels (above max_batch_items, 32, which bounded items x labels before) on two items: one scoring row per
+    item answers them all, each label equal to transformers' next-token probability; a repeated label keeps its
+    place."""
+    labels = [*ids_of(40, 77), 5]
+    labels[-1] = labels[3]
+    query, items = ids_of(12, 2), [ids_of(5, 8), ids_of(9, 9)]
+    for apply_softmax in (False, True):
+        body = {"query": query, "items": items, "label_token_ids": labels, "apply_softmax": apply_softmax}
+        r = httpx.post(url + "/v1/score", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        want = score_reference(smollm2_path, [query + item for item in items], labels, apply_softmax)
+        got = r.json()["scores"]
+        # Random labels are unlikely tokens: compared as logprobs, where 1e-4 means something.
+        logs = [[math.log(p) for p in row] for row in got]
+        assert all(close(a, [math.log(p) for p in b]) for a, b in zip(logs, want, strict=True)), (got, want)
+        assert all(len(row) == 41 and row[-1] == row[3] for row in got)

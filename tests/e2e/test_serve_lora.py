@@ -41,7 +41,8 @@ def test_adapters_served_and_routed(serve_url: str, tiny_models: dict[str, Path]
     big = build_adapter(tmp_path / "big", base, rank=32, seed=13)
     name = "lora"
     deploy(name, f"/{name}", app_args(model=str(base), model_name="tiny", num_workers=2, kv_cache_mb=8,
-                                      prefix_aware_routing=True, lora_adapters={"a": str(a)}))
+                                      prefix_aware_routing=True, lora_adapters={"a": str(a)},
+                                      open_admin_routes=True))
     url = f"{serve_url}/{name}"
     try:
         r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": str(b)}, timeout=60)

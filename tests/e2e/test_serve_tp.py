@@ -9,8 +9,12 @@ import concurrent.futures
 import json
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
+import pytest
 import ray
 import torch
 import yaml
@@ -84,67 +88,105 @@ def test_three_ranks_serve_smollm2_exactly_and_leave_with_the_app(serve_url: str
     _wait(lambda: not _alive_ranks(), 30, "rank actors outlived their replica")
 
 
-def test_replicas_reserve_a_bundle_per_rank_and_a_killed_rank_replaces_the_replica(
-        serve_url: str, tiny_models) -> None:
-    """Fake GPUs: two replicas of 2 ranks at half a GPU per rank take the session's 2 GPUs; a third waits."""
+@dataclass
+class TwoRanks:
+    path: Path  # the tiny Llama
+    adapter_a: Path  # from the config's lora_adapters
+    app: str
+    url: str
+
+
+@pytest.fixture(scope="module")
+def tp2(serve_url: str, tiny_models, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoRanks]:
+    """One app of 2-rank replicas on the tiny Llama for the tests below (each replica starts a rank actor and loads
+    the model twice): fake GPUs, two replicas at half a GPU per rank take the session's 2 GPUs, a third waits;
+    adapter `a` from the config. The adapters' test runs on it first, then the replacement test kills its ranks."""
     path = tiny_models["llama"]
-    app, url = "tp2", serve_url + "/tp2"
+    a = build_adapter(tmp_path_factory.mktemp("tp-adapters") / "a", path, rank=4, seed=21)
+    app = "tp2"
     # Not waiting for RUNNING: the third replica never places.
-    serve.run_many([RunTarget(_app(path, num_workers=3), name=app, route_prefix="/tp2")],
+    serve.run_many([RunTarget(_app(path, num_workers=3, lora_adapters={"a": str(a)}), name=app, route_prefix="/tp2")],
                    wait_for_applications_running=False)
     try:
-        _wait(lambda: len(_alive_ranks()) == 2 and _running(app) == 2, 120, "two replicas of two ranks")
-        time.sleep(3)  # the third stays pending: no half-GPU bundle is left
-        assert _running(app) == 2 and len(_alive_ranks()) == 2
-        assert ray.available_resources().get("GPU", 0) == 0
-        ids = [5, 17, 200, 33, 41, 9, 90, 2, 300, 11]
-        r = httpx.post(url + "/generate", json=score_body(ids, 0, k=3), timeout=60)
-        assert r.status_code == 200, r.text
-        expected = hf_scores(path, ids, 0)
-        rows = r.json()["meta_info"]["input_token_logprobs"]
-        assert max(abs(v - e) for (v, _), e in zip(rows, expected, strict=True)) <= ATOL
-        _check_greedy(path, ids, _greedy(url, ids, 8), 8)
-
-        # Kill the ranks during a long generation: their replicas fail their health checks and are replaced.
-        events: list[str] = []
-        done = threading.Event()
-
-        def stream() -> None:
-            body = {"input_ids": ids, "max_tokens": 400, "ignore_eos": True, "stream": True, "temperature": 0}
-            with httpx.stream("POST", url + "/generate", json=body, timeout=90) as resp:
-                events.extend(line[6:] for line in resp.iter_lines() if line.startswith("data: "))
-            done.set()
-
-        before = {a["name"] for a in _alive_ranks()}
-        threading.Thread(target=stream, daemon=True).start()
-        time.sleep(1.0)
-        for victim in _alive_ranks():  # rank 1 of both replicas: the one streaming is among them
-            ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
-        assert done.wait(60), "the in-flight request hung after a rank died"
-        assert events[-1] == "[DONE]" and len(events) >= 3
-        # The step in flight failed on rank 0 (its peer's connection broke): the stream ends with an error.
-        assert json.loads(events[-2])["meta_info"]["finish_reason"]["type"] == "error", events[-2]
-        # Both replicas lost a rank: wait until both are replaced (a request routed to one whose health check has
-        # not failed yet is answered 503, the worker's failure), then the app serves again.
-        _wait(lambda: len({a["name"] for a in _alive_ranks()} - before) >= 2 and _running(app) == 2, 180,
-              "no replacement ranks")
-        r = httpx.post(url + "/generate", json=score_body(ids, 0), timeout=120)
-        assert r.status_code == 200, r.text
-
-        # Scale-down to one replica: the removed replicas' ranks go with them.
-        serve.run_many([RunTarget(_app(path, num_workers=1), name=app, route_prefix="/tp2")],
-                       wait_for_applications_running=False)
-        _wait(lambda: len(_alive_ranks()) == 1 and _running(app) == 1, 60, "ranks outlived a scale-down")
+        # As long as wait_ready gives a deploy: four model loads (two replicas, two ranks each) on a busy machine.
+        _wait(lambda: len(_alive_ranks()) == 2 and _running(app) == 2, 240, "two replicas of two ranks")
+        yield TwoRanks(path, a, app, serve_url + "/tp2")
     finally:
         serve.delete(app)
     _wait(lambda: not _alive_ranks(), 30, "rank actors outlived their replica")
+
+
+def test_adapters_over_two_ranks_from_the_config_and_loaded_at_run_time(tp2: TwoRanks, tmp_path: Path) -> None:
+    """Every rank holds its share of each adapter: one from lora_adapters, one loaded through vLLM's route after the
+    ranks started (rank 0 of each replica tells its other rank), scored beside the base model's rows."""
+    base, url = tp2.path, tp2.url
+    b = build_adapter(tmp_path / "b", base, rank=8, seed=22, targets=["q_proj", "v_proj", "down_proj"])
+    r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": str(b)}, timeout=60)
+    assert r.status_code == 200 and "added successfully" in r.text, r.text
+    ids = rand_ids(20, seed=23)
+    asks = [{}, {"adapter": "a"}, {"adapter": "b"}]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # base and both adapters at once
+        answers = list(pool.map(lambda f: httpx.post(url + "/generate", json={**score_body(ids, 0), **f},
+                                                     timeout=120), asks))
+    wants = [hf_scores(base, ids, 0), peft_scores(base, tp2.adapter_a, ids, 0), peft_scores(base, b, ids, 0)]
+    for answer, want in zip(answers, wants, strict=True):
+        assert answer.status_code == 200, answer.text
+        rows = answer.json()["meta_info"]["input_token_logprobs"]
+        assert max(abs(v - w) for (v, _), w in zip(rows, want, strict=True)) <= ATOL
+
+
+def test_replicas_reserve_a_bundle_per_rank_and_a_killed_rank_replaces_the_replica(tp2: TwoRanks) -> None:
+    """Fake GPUs: two replicas of 2 ranks at half a GPU per rank take the session's 2 GPUs; a third waits."""
+    path, app, url = tp2.path, tp2.app, tp2.url
+    time.sleep(3)  # the third stays pending: no half-GPU bundle is left
+    assert _running(app) == 2 and len(_alive_ranks()) == 2
+    assert ray.available_resources().get("GPU", 0) == 0
+    ids = [5, 17, 200, 33, 41, 9, 90, 2, 300, 11]
+    r = httpx.post(url + "/generate", json=score_body(ids, 0, k=3), timeout=60)
+    assert r.status_code == 200, r.text
+    expected = hf_scores(path, ids, 0)
+    rows = r.json()["meta_info"]["input_token_logprobs"]
+    assert max(abs(v - e) for (v, _), e in zip(rows, expected, strict=True)) <= ATOL
+    _check_greedy(path, ids, _greedy(url, ids, 8), 8)
+
+    # Kill the ranks during a long generation: their replicas fail their health checks and are replaced.
+    events: list[str] = []
+    done = threading.Event()
+
+    def stream() -> None:
+        body = {"input_ids": ids, "max_tokens": 400, "ignore_eos": True, "stream": True, "temperature": 0}
+        with httpx.stream("POST", url + "/generate", json=body, timeout=90) as resp:
+            events.extend(line[6:] for line in resp.iter_lines() if line.startswith("data: "))
+        done.set()
+
+    before = {a["name"] for a in _alive_ranks()}
+    threading.Thread(target=stream, daemon=True).start()
+    time.sleep(1.0)
+    for victim in _alive_ranks():  # rank 1 of both replicas: the one streaming is among them
+        ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
+    assert done.wait(60), "the in-flight request hung after a rank died"
+    assert events[-1] == "[DONE]" and len(events) >= 3
+    # The step in flight failed on rank 0 (its peer's connection broke): the stream ends with an error.
+    assert json.loads(events[-2])["meta_info"]["finish_reason"]["type"] == "error", events[-2]
+    # Both replicas lost a rank: wait until both are replaced (a request routed to one whose health check has
+    # not failed yet is answered 503, the worker's failure), then the app serves again.
+    _wait(lambda: len({a["name"] for a in _alive_ranks()} - before) >= 2 and _running(app) == 2, 180,
+          "no replacement ranks")
+    r = httpx.post(url + "/generate", json=score_body(ids, 0), timeout=120)
+    assert r.status_code == 200, r.text
+
+    # Scale-down to one replica: the removed replicas' ranks go with them.
+    serve.run_many([RunTarget(_app(path, num_workers=1, lora_adapters={"a": str(tp2.adapter_a)}), name=app,
+                              route_prefix="/tp2")], wait_for_applications_running=False)
+    _wait(lambda: len(_alive_ranks()) == 1 and _running(app) == 1, 60, "ranks outlived a scale-down")
 
 
 def _app(path, **overrides: object):
     from deploy.app import build_app
 
     args = _tp_args(model=str(path), tensor_parallel_size=2, worker_num_gpus=0.5, worker_num_cpus=0.25,
-                    max_num_batched_tokens=64, worker_graceful_shutdown_timeout_s=2, **overrides)
+                    max_num_batched_tokens=64, worker_graceful_shutdown_timeout_s=2, open_admin_routes=True,
+                    **overrides)
     return build_app(args)
 
 
@@ -154,33 +196,3 @@ def _running(app: str) -> int:
         return 0
     dep = status.deployments.get("EngineWorker")
     return dep.replica_states.get("RUNNING", 0) if dep is not None else 0
-
-
-
-def test_adapters_over_two_ranks_from_the_config_and_loaded_at_run_time(serve_url: str, tiny_models,
-                                                                       tmp_path) -> None:
-    """Every rank holds its share of each adapter: one from lora_adapters, one loaded through vLLM's route after the
-    ranks started (rank 0 tells the others), scored beside the base model's rows."""
-    base = tiny_models["llama"]
-    a = build_adapter(tmp_path / "a", base, rank=4, seed=21)
-    b = build_adapter(tmp_path / "b", base, rank=8, seed=22, targets=["q_proj", "v_proj", "down_proj"])
-    app, url = "tplora", serve_url + "/tplora"
-    deploy(app, "/tplora", _tp_args(model=str(base), tensor_parallel_size=2, worker_num_cpus=0.25,
-                                    max_num_batched_tokens=64, lora_adapters={"a": str(a)}))
-    try:
-        assert len(_alive_ranks()) == 1
-        r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": str(b)}, timeout=60)
-        assert r.status_code == 200 and "added successfully" in r.text, r.text
-        ids = rand_ids(20, seed=23)
-        asks = [{}, {"adapter": "a"}, {"adapter": "b"}]
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:  # base and both adapters at once
-            answers = list(pool.map(lambda f: httpx.post(url + "/generate", json={**score_body(ids, 0), **f},
-                                                         timeout=120), asks))
-        for answer, want in zip(answers, [hf_scores(base, ids, 0), peft_scores(base, a, ids, 0),
-                                          peft_scores(base, b, ids, 0)], strict=True):
-            assert answer.status_code == 200, answer.text
-            rows = answer.json()["meta_info"]["input_token_logprobs"]
-            assert max(abs(v - w) for (v, _), w in zip(rows, want, strict=True)) <= ATOL
-    finally:
-        serve.delete(app)
-    _wait(lambda: not _alive_ranks(), 30, "rank actors outlived their replica")

@@ -16,13 +16,16 @@ from ray import serve
 from tests.helpers.serve import app_args, deploy
 
 APP, PREFIX = "control", "/control"
+ADMIN = "control-admin-key"
+PAUSE_TIMEOUT_S = 10.0  # a request sent while paused waits this long at most, then answers 503
 NEW = 480  # long enough (with a 10-14 token prompt, in the 512-position tiny model) to be in flight at the pause
 
 
 @pytest.fixture(scope="module")
 def app(serve_url: str, tiny_models: dict[str, Path]):
     deploy(APP, PREFIX, app_args(model=str(tiny_models["llama"]), kv_cache_mb=8, max_num_batched_tokens=64,
-                                 weight_updates=True))
+                                 weight_updates=True, admin_api_keys=[ADMIN], pause_timeout_s=PAUSE_TIMEOUT_S,
+                                 model_name="tiny"))
     yield f"{serve_url}{PREFIX}"
     serve.delete(APP)  # its registry is a deployment actor: it goes with the app
 
@@ -55,7 +58,7 @@ def areal_generate(url: str, ids: list[int], rid: str) -> list[int]:
 
 
 def post(url: str, path: str, json: dict | None = None) -> dict:
-    resp = httpx.post(url + path, json=json, timeout=120)
+    resp = httpx.post(url + path, json=json, timeout=120, headers={"Authorization": f"Bearer {ADMIN}"})
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -97,3 +100,24 @@ def test_abort_request_by_rid(app: str) -> None:
         assert other.result().json()["meta_info"]["finish_reason"] == {"type": "length", "length": 30}
     info = httpx.get(app + "/get_model_info", timeout=60).json()
     assert info["is_generation"] is True and info["weight_version"] == "default"
+
+
+def test_pause_needs_the_admin_key_shows_on_health_and_answers_within_its_bound(app: str) -> None:
+    """Nobody without the admin key pauses the served app; /health says paused; a request sent while paused is
+    answered (503 naming the pause, with Retry-After) once pause_timeout_s has passed, never held in silence."""
+    for path in ("/pause_generation", "/continue_generation", "/abort_request", "/flush_cache"):
+        r = httpx.post(app + path, json={"abort_all": True} if path == "/abort_request" else None, timeout=60)
+        assert r.status_code == 401 and "admin_api_keys" in r.text, (path, r.text)
+    assert httpx.get(app + "/health", timeout=60).json() == {"status": "ok"}
+    post(app, "/pause_generation", {"mode": "abort"})
+    try:
+        health = httpx.get(app + "/health", timeout=60)
+        assert health.status_code == 200 and health.json() == {"status": "paused", "pause_mode": "abort"}
+        for path, payload in [("/generate", body(prompt(3), 4)),
+                              ("/v1/completions", {"model": "tiny", "prompt": prompt(4), "max_tokens": 4})]:
+            r = httpx.post(app + path, json=payload, timeout=PAUSE_TIMEOUT_S + 60)
+            assert r.status_code == 503 and "pause_timeout_s" in r.text and int(r.headers["Retry-After"]) >= 1, r.text
+    finally:
+        post(app, "/continue_generation")
+    assert httpx.get(app + "/health", timeout=60).json() == {"status": "ok"}
+    assert httpx.post(app + "/generate", json=body(prompt(3), 4), timeout=120).status_code == 200

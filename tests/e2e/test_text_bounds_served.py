@@ -36,6 +36,24 @@ def test_over_long_texts_are_400_naming_the_field(url: str) -> None:
         assert "`max_prompt_chars_per_token`" in r.text and "10000 characters" in r.text, (path, r.text)
 
 
+def test_tokenizer_routes_take_the_largest_body_and_refuse_the_next(url: str) -> None:
+    """The bounds are checked before any work, on the served app: /tokenize takes max_model_len x
+    max_prompt_chars_per_token characters, /detokenize max_model_len ids; one more is a 400 naming the limit (never
+    a 503, which a retry cannot fix), as is the 1.9 M ids (3.8 MB) body that was a 503."""
+    limit_chars, limit_ids = 2048 * PER_TOKEN, 2048
+    r = httpx.post(url + "/tokenize", json={"prompt": "a" * limit_chars}, timeout=120)
+    assert r.status_code == 200 and r.json()["count"] > 0, r.text
+    r = httpx.post(url + "/tokenize", json={"prompt": "a" * (limit_chars + 1)}, timeout=60)
+    assert r.status_code == 400 and "`max_prompt_chars_per_token`" in r.text, r.text
+    ids = ids_of(limit_ids, 3)
+    r = httpx.post(url + "/detokenize", json={"tokens": ids}, timeout=120)
+    assert r.status_code == 200 and r.json()["prompt"], r.text
+    for tokens in (ids + [5], [5] * 1_900_000):
+        r = httpx.post(url + "/detokenize", json={"tokens": tokens}, timeout=120)
+        assert r.status_code == 400 and "max_model_len = 2048" in r.text, r.text[:300]
+        assert r.json()["error"]["param"] == "tokens"
+
+
 def test_a_long_text_under_the_bound_is_tokenized_while_others_are_answered(url: str) -> None:
     before = httpx.post(url + "/generate", json=SCORE, timeout=60).json()["meta_info"]["input_token_logprobs"]
     text = "ab, " * 2000  # 8,000 characters: under the bound

@@ -36,7 +36,8 @@ def generated_on(path: Path, ids: list[int], answer: dict) -> bool:
 @pytest.fixture(scope="module")
 def app(serve_url: str, tiny_models: dict[str, Path]):
     deploy(APP, PREFIX, app_args(model=str(tiny_models["llama"]), kv_cache_mb=8, score_rows_per_block=16,
-                                 max_num_batched_tokens=64, weight_updates=True))
+                                 max_num_batched_tokens=64, weight_updates=True,
+                                 open_admin_routes=True))
     yield f"{serve_url}{PREFIX}"
     serve.delete(APP)  # the weight registry (a deployment-scoped actor) goes with it: test_app_lifetime.py
 

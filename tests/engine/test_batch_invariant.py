@@ -4,7 +4,9 @@ before, with and after them, under other chunk budgets, cache states (cold, warm
 What the needles return must have the same bits every time, compared as served in JSON (a float's repr round-trips
 its bits). The same cases in the default mode are the control: there the bits move, so these tests can fail.
 
-SmolLM2's real weights, all 30 layers."""
+SmolLM2's real weights, its first LAYERS layers (tests/helpers/truncated.py): the same embeddings, head and shapes,
+so the same kernels see the same row counts, at a fraction of the 30 layers' time; a layer's bits move or hold
+alike in any of them."""
 
 from __future__ import annotations
 
@@ -15,15 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from bench.invariance.device import BESIDE, run_case, served
-from bench.invariance.device import NEEDLES as SHORT_NEEDLES
+from checks.invariant_device import BESIDE, run_case, served
+from checks.invariant_device import NEEDLES as SHORT_NEEDLES
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from protocol.outputs import RequestOutput, merge_outputs
 from protocol.sampling import SamplingParams
 from tests.helpers.reference import hf_scores
+from tests.helpers.truncated import first_layers
 
 VOCAB = 49152
+LAYERS = 4
 # Longer than one attention key block (invariant_attention.KEY_BLOCK), so the blocks' online softmax carries over.
 NEEDLE = [random.Random(17).randrange(VOCAB) for _ in range(300)]
 # Scoring with top-k; greedy generation with its logprobs and top-k; seeded sampling.
@@ -116,9 +120,14 @@ def cases(path: Path, invariant: bool) -> Iterator[tuple[str, dict[str, str], LL
 
 
 @pytest.fixture(scope="module")
-def invariant_runs(smollm2_path: Path) -> tuple[dict[str, dict[str, str]], dict[str, int]]:
+def model(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return first_layers(smollm2_path, tmp_path_factory.mktemp("smollm2") / f"first-{LAYERS}", LAYERS)
+
+
+@pytest.fixture(scope="module")
+def invariant_runs(model: Path) -> tuple[dict[str, dict[str, str]], dict[str, int]]:
     runs, stats = {}, {}
-    for label, served_, engine in cases(smollm2_path, True):
+    for label, served_, engine in cases(model, True):
         runs[label] = served_
         stats = engine.stats()
     return runs, stats
@@ -133,22 +142,22 @@ def test_invariant_mode_serves_the_same_bits_in_every_case(invariant_runs) -> No
     assert tight_stats.prefix_cache_evictions > 0 and tight_stats.preemptions > 0, tight_stats
 
 
-def test_invariant_mode_stays_exact(invariant_runs, smollm2_path: Path) -> None:  # noqa: ANN001
+def test_invariant_mode_stays_exact(invariant_runs, model: Path) -> None:  # noqa: ANN001
     """Within 1e-4 of a plain transformers forward: the scoring rows, and each greedy token's logprob."""
     ref = {name: json.loads(text) for name, text in invariant_runs[0]["alone, cold"].items()}
     rows, _, _, _, _ = ref["score"]
     assert [t for _, t in rows] == NEEDLE[6:]
-    want = hf_scores(smollm2_path, NEEDLE, 5)
+    want = hf_scores(model, NEEDLE, 5)
     assert max(abs(v - w) for (v, _), w in zip(rows, want, strict=True)) <= 1e-4
     _, _, tokens, out_rows, _ = ref["greedy"]
-    want = hf_scores(smollm2_path, NEEDLE + tokens, len(NEEDLE) - 1)
+    want = hf_scores(model, NEEDLE + tokens, len(NEEDLE) - 1)
     assert max(abs(v - w) for (v, _), w in zip(out_rows, want, strict=True)) <= 1e-4
 
 
-def test_control_default_mode_moves_bits(smollm2_path: Path) -> None:
+def test_control_default_mode_moves_bits(model: Path) -> None:
     """The same cases in the default mode: some needle's bits move (stopping at the first case that shows it)."""
     ref, seen = None, []
-    for label, served_, _ in cases(smollm2_path, False):
+    for label, served_, _ in cases(model, False):
         seen.append(label)
         if ref is None:
             ref = served_
@@ -159,7 +168,7 @@ def test_control_default_mode_moves_bits(smollm2_path: Path) -> None:
 
 # The case that showed MKL's row bits moving with the call's row count on an AVX-512 Xeon: short needles whose
 # steps have few rows alone (a 24-token prefill, then 1-row decode steps), and 57-255 rows when 60-180-token
-# prompts are prefilled beside them, or over 256 rows when several are (bench/invariance/device.py's cases).
+# prompts are prefilled beside them, or over 256 rows when several are (checks/invariant_device.py's cases).
 SHORT = NEEDLE[:24]
 
 
@@ -173,9 +182,9 @@ def short_cases(path: Path, invariant: bool) -> Iterator[tuple[str, dict[str, st
         yield f"beside {sizes}", run_case(engine, SHORT, sizes, rng, VOCAB)
 
 
-def test_short_needles_keep_their_bits_beside_mid_sized_prefills(smollm2_path: Path) -> None:
-    runs = dict(short_cases(smollm2_path, True))
+def test_short_needles_keep_their_bits_beside_mid_sized_prefills(model: Path) -> None:
+    runs = dict(short_cases(model, True))
     ref = runs["alone"]
     assert [(label, name) for label, out in runs.items() for name in SHORT_NEEDLES if out[name] != ref[name]] == []
-    default = dict(short_cases(smollm2_path, False))  # the control: the same cases move the default mode's bits
+    default = dict(short_cases(model, False))  # the control: the same cases move the default mode's bits
     assert any(out != default["alone"] for out in default.values())

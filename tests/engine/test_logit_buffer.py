@@ -1,6 +1,6 @@
 """A scoring chunk's one vocab-wide buffer (engine/runner/logit_buffer.py): the in-place and sliced steps give the
 values of the whole-row ones, and a chunk's peak memory, measured on CPU from torch's allocator
-(bench/lib/cpu_peak.py), stays within score_chunks' bound of about 4 bytes per logit, where the former form took
+(checks/cpu_peak.py), stays within score_chunks' bound of about 4 bytes per logit, where the former form took
 about 12."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from bench.lib.cpu_peak import peak_bytes
+from checks.cpu_peak import peak_bytes
 from engine.models.llama import LlamaForCausalLM
 from engine.runner.logit_buffer import (
     HEAD_SLICE,

@@ -16,6 +16,7 @@ import httpx
 
 from ingress.app import build_fastapi_app
 from ingress.lifecycle import all_or_none
+from ingress.settings import IngressSettings
 from protocol import (
     DEFAULT_WEIGHT_VERSION,
     FinishReason,
@@ -27,7 +28,7 @@ from protocol import (
     merge_outputs,
     until_finished,
 )
-from protocol.control import FlushCache, GenerationControl, Resume
+from protocol.control import FlushCache, GenerationControl, Pause, Resume
 
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=512, logprobs_mode="raw_logprobs")
 HANG = object()  # in a script: wait forever (a long prefill, a stuck worker)
@@ -49,6 +50,10 @@ def fake_model(req: GenerateRequest) -> Script:
             prompt_tokens=len(ids),
             input_token_logprobs=[[-0.5 * t, t] for t in rows],
             input_top_logprobs=[[[-0.1, j] for j in range(k)] for _ in rows] if k else None,
+            # Each asked id's value is -id / 100 at every row: distinct per id, so a renderer's pick is visible.
+            input_token_ids_logprobs=[[[-0.01 * t, t] for t in cands or []] for cands in
+                                      req.params.row_token_ids(req.params.logprob_start_len, len(ids) - 2)]
+            if req.params.asks_token_ids else None,
         )
         return
     tok = ids[-1]
@@ -81,6 +86,7 @@ class FakeBackend:
         self.weight_updates: list[WeightUpdate] = []
         self.controls: list[GenerationControl] = []
         self.version = DEFAULT_WEIGHT_VERSION
+        self.pause_mode: str | None = None  # as the workers would report it after the controls recorded
 
     async def model_info(self) -> ModelInfo:
         if isinstance(self.info, Exception):
@@ -120,6 +126,9 @@ class FakeBackend:
     async def ready(self) -> bool:
         return self.is_ready
 
+    async def paused(self) -> str | None:
+        return self.pause_mode
+
     # Weights: the real broadcast is the workers' (tests/e2e/test_weight_update.py); this one records the calls.
     async def update_weights(self, req: WeightUpdate) -> WeightUpdateResult:
         self.weight_updates.append(req)
@@ -151,12 +160,16 @@ class FakeBackend:
         if isinstance(op, FlushCache):
             return WeightUpdateResult(True, "Cache flushed.", 0, self.version)
         self.controls.append(op)
+        if isinstance(op, Pause):
+            self.pause_mode = op.mode
+        elif isinstance(op, Resume):
+            self.pause_mode = None
         return WeightUpdateResult(True, f"{type(op).__name__} done on 1 replica(s).",
                                   0 if isinstance(op, Resume) else 2, self.version)
 
 
-def client(backend: FakeBackend) -> httpx.AsyncClient:
-    app = build_fastapi_app(backend)
+def client(backend: FakeBackend, settings: IngressSettings | None = None) -> httpx.AsyncClient:
+    app = build_fastapi_app(backend, settings)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 

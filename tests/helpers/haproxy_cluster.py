@@ -1,7 +1,8 @@
 """Run as a script (tests/e2e/test_haproxy_served.py starts it in its own process, since a process holds one Ray):
 a local Ray started as `make serve` starts it (deploy/front_door.py: HAProxy ingress through our shim, throughput
 mode, the header guard; a 5 s header timeout, API keys), the test app deployed with a key, and the e2e behaviours that
-must hold through the front door, printed as one JSON line of facts for the test to judge."""
+must hold through the front door, printed as one JSON line of facts for the test to judge; then a replica change
+(HAProxy reloaded with `-sf`), Serve and Ray stopped, and what is left of HAProxy and its ports, a second line."""
 
 from __future__ import annotations
 
@@ -130,7 +131,82 @@ def probe(port: int, app: str) -> dict[str, Any]:
     facts["routes_bad_bytes"] = _raw(port, b"GET /-/routes HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer \xff\xfe"
                                      b"\r\n\r\n")[0]
     facts["healthz"] = httpx.get(url + "/-/healthz").status_code
+    # Exactly one X-Request-ID: a client id that is not short and plain is replaced, never echoed beside ours.
+    ids = (b"front-2", b"has spaces", "caf\u00e9 \u2603".encode(), b"\xff\xfe", b"a" * 300)
+    facts["request_ids"] = {repr(value): _request_ids(port, value) for value in ids}
+    # Request lines past HAProxy's buffer, and within it: what the front door answers.
+    facts["long_paths"] = {n: _raw(port, b"GET /" + b"a" * n + b" HTTP/1.1\r\nHost: t\r\n\r\n")[0]
+                           for n in (8000, 15000, 60000)}
     return facts
+
+
+def _request_ids(port: int, value: bytes) -> tuple[str, list[str]]:
+    """The status line and every X-Request-ID of the answer to a GET /v1/models sending `value` as the id."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: t\r\nConnection: close\r\nAuthorization: Bearer "
+                  + KEY.encode() + b"\r\nX-Request-ID: " + value + b"\r\n\r\n")
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    lines = out.partition(b"\r\n\r\n")[0].split(b"\r\n")
+    ids = [x.split(b":", 1)[1].strip().decode("latin-1") for x in lines[1:] if x.lower().startswith(b"x-request-id:")]
+    return lines[0].decode("latin-1"), ids
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _config() -> str:
+    """This run's HAProxy config file (Ray writes it in a folder named by the node id)."""
+    import ray
+
+    from deploy.front_door import haproxy_config_file
+
+    return haproxy_config_file(os.environ, ray.get_runtime_context().get_node_id())
+
+
+def _recorded_pids(config: str) -> list[int]:
+    from deploy.haproxy_shim import PID_SUFFIX
+
+    try:
+        return [int(x) for x in open(config + PID_SUFFIX).read().split()]
+    except OSError:
+        return []
+
+
+def reload_haproxy(app: str) -> int:
+    """A replica change (a second ingress replica): Ray starts HAProxy again with `-sf`. How many HAProxy processes
+    the shim became so far (at least 2 once the reload happened)."""
+    from ray import serve
+
+    from deploy.app import build_app
+    from tests.helpers.serve import wait_ready
+
+    config = _config()
+    before = len(_recorded_pids(config))
+    serve.run(build_app(_args(ingress_num_replicas=2)), name=app, route_prefix="/", blocking=False)
+    wait_ready(app)
+    deadline = time.monotonic() + 60
+    while len(_recorded_pids(config)) <= before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return len(_recorded_pids(config))
+
+
+def after_stop(config: str, ports: list[int]) -> dict[str, Any]:
+    """What is left once Serve and Ray stopped: HAProxy processes of this run's config, and ports still listening."""
+    from deploy.haproxy_shim import is_ours
+
+    recorded = _recorded_pids(config)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (any(is_ours(p, config) for p in recorded) or any(map(_listening, ports))):
+        time.sleep(0.5)
+    alive = [int(p) for p in os.listdir("/proc") if p.isdigit() and is_ours(int(p), config)]
+    return {"recorded": recorded, "alive": alive, "listening": [p for p in ports if _listening(p)]}
 
 
 def main() -> None:
@@ -139,7 +215,7 @@ def main() -> None:
     from ray import serve
 
     from deploy.app import build_app
-    from tests.helpers.serve import app_args, wait_ready
+    from tests.helpers.serve import wait_ready
 
     port = _free_port()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
@@ -150,17 +226,28 @@ def main() -> None:
                     logging_config={"enable_access_log": False})
         # weight_updates as configs/local.yaml has it: the registry actor under throughput mode (user code on the
         # replica's event loop).
-        serve.run(build_app(app_args(num_workers=1, api_keys=[KEY], header_timeout_s=HEADER_TIMEOUT_S,
-                                     weight_updates=True)),
-                  name="front", route_prefix="/", blocking=False)
+        serve.run(build_app(_args()), name="front", route_prefix="/", blocking=False)
         wait_ready("front")
         time.sleep(2)  # HAProxy learns the replica's address
         facts = {"front_door": description, **probe(port, "front")}
         print("FACTS " + json.dumps(facts), flush=True)  # before shutting down: a crash there loses nothing
+        config = _config()
+        lifetime: dict[str, Any] = {"haproxy_started": reload_haproxy("front")}
     finally:
         threading.Thread(target=serve.shutdown, daemon=True).start()
         time.sleep(5)
         ray.shutdown()
+    ports = [port, int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]), int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])]
+    print("LIFETIME " + json.dumps({**lifetime, **after_stop(config, ports)}), flush=True)
+
+
+def _args(**overrides: Any) -> dict[str, Any]:
+    from tests.helpers.serve import app_args
+
+    # weight_updates as configs/local.yaml has it: the registry actor under throughput mode (user code on the
+    # replica's event loop).
+    return app_args(num_workers=1, api_keys=[KEY], header_timeout_s=HEADER_TIMEOUT_S, weight_updates=True,
+                    **overrides)
 
 
 if __name__ == "__main__":

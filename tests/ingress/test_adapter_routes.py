@@ -4,12 +4,16 @@ by field. Exactness on a real engine: tests/engine/test_lora.py and tests/e2e/te
 
 from __future__ import annotations
 
+from ingress.settings import IngressSettings
 from tests.helpers.fakes import SCORE, FakeBackend, client
+
+# The admin routes opened on purpose (a trusted network); closed by default (tests/ingress/test_control_routes.py).
+OPEN = IngressSettings(open_admin_routes=True)
 
 
 async def test_load_list_select_unload() -> None:
     backend = FakeBackend()
-    async with client(backend) as c:
+    async with client(backend, OPEN) as c:
         r = await c.post("/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/ad/a"})
         assert r.status_code == 200 and r.text == "Success: LoRA adapter 'a' added successfully."
         r = await c.post("/load_lora_adapter", json={"lora_name": "b", "lora_path": "/ad/b"})
@@ -46,7 +50,7 @@ async def test_sglang_shape_selects_its_adapter_by_lora_path() -> None:
     backend = FakeBackend()
     body = {"input_ids": [3, 4, 5], "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
             "logprob_start_len": 0}
-    async with client(backend) as c:
+    async with client(backend, OPEN) as c:
         await c.post("/load_lora_adapter", json={"lora_name": "a", "lora_path": "/ad/a"})
         assert (await c.post("/generate", json={**body, "lora_path": "a"})).status_code == 200
         batch = {**body, "input_ids": [[3, 4, 5], [6, 7, 8]], "lora_path": ["a", "a"]}

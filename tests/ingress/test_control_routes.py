@@ -17,7 +17,7 @@ PLAIN, ADMIN = "plain-key", "admin-key"
 
 
 def client(backend: FakeBackend, settings: IngressSettings | None = None) -> httpx.AsyncClient:
-    app = build_fastapi_app(backend, settings or IngressSettings())
+    app = build_fastapi_app(backend, settings or IngressSettings(open_admin_routes=True))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
@@ -91,3 +91,38 @@ async def test_an_unknown_field_is_a_422_naming_it(path: str, body: dict, field:
         r = await c.post(path, json=body)
     assert r.status_code == 422 and field in r.text
     assert backend.controls == []
+
+
+ADMIN_ROUTES = [("/pause_generation", {}), ("/continue_generation", {}), ("/abort_request", {"abort_all": True}),
+                ("/update_weights_from_disk", {"model_path": "/m"}), ("/flush_cache", None),
+                ("/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/a"}),
+                ("/v1/unload_lora_adapter", {"lora_name": "a"}),
+                ("/load_lora_adapter", {"lora_name": "a", "lora_path": "/a"}),
+                ("/unload_lora_adapter", {"lora_name": "a"})]
+
+
+@pytest.mark.parametrize(("path", "body"), ADMIN_ROUTES)
+async def test_the_shipped_config_closes_every_admin_route(path: str, body: dict | None) -> None:
+    """configs/local.yaml sets no key: its settings (as the deploy edge builds them) let nobody pause the server,
+    nor update its weights or adapters; nothing reaches a worker."""
+    import yaml
+
+    from deploy.config import AppConfig
+
+    args = yaml.safe_load(open("configs/local.yaml"))["applications"][0]["args"]
+    backend = FakeBackend()
+    async with client(backend, AppConfig.model_validate(args).ingress_settings()) as c:
+        r = await c.post(path, json=body)
+    assert r.status_code == 401 and "open_admin_routes" in r.json()["error"]["message"]
+    assert backend.controls == [] and backend.weight_updates == []
+
+
+async def test_health_says_paused_until_continue() -> None:
+    backend = FakeBackend()
+    async with client(backend) as c:
+        assert (await c.get("/health")).json() == {"status": "ok"}
+        await c.post("/pause_generation", json={"mode": "retract"})
+        r = await c.get("/health")
+        assert r.status_code == 200 and r.json() == {"status": "paused", "pause_mode": "retract"}
+        await c.post("/continue_generation")
+        assert (await c.get("/health")).json() == {"status": "ok"}

@@ -1,4 +1,4 @@
-"""Every fan-out bound is counted from the request itself, before any worker call: /v1/score's items x labels and
+"""Every fan-out bound is counted from the request itself, before any worker call: /v1/score's items and
 a completions batch's prompts are refused with 400 naming `max_batch_items` without a text tokenized, and a route
 that tokenizes many texts does it in one call of the text side (ingress/text.py; the worker calls are counted in
 test_one_worker_call.py)."""
@@ -34,21 +34,21 @@ class CountingBackend(Backend):
 
 
 @pytest.mark.parametrize("items", [[f"item {i}" for i in range(300)], [[5, i % 90] for i in range(300)]])
-async def test_score_300_items_x_2_labels_is_a_400_before_any_worker_call(items: list) -> None:
+async def test_score_300_items_is_a_400_before_any_worker_call(items: list) -> None:
     backend = CountingBackend()
     query = "Is this good?" if isinstance(items[0], str) else [3, 4]
     msg = error(await call(backend, "POST", "/v1/score", {"query": query, "items": items, "label_token_ids": [1, 2]}),
                 400)
-    assert "makes 600 worker requests" in msg and LIMIT_NAME in msg
+    assert "makes 300 worker requests" in msg and LIMIT_NAME in msg  # one per item, whatever the labels
     assert backend.worker_calls == [] and backend.requests == []
 
 
 async def test_score_at_the_limit_tokenizes_once() -> None:
     backend = CountingBackend()
-    body = {"query": "Q", "items": [f"i{i}" for i in range(16)], "label_token_ids": [1, 2]}  # 32 = max_batch_items
+    body = {"query": "Q", "items": [f"i{i}" for i in range(32)], "label_token_ids": [1, 2]}  # 32 = max_batch_items
     resp = await call(backend, "POST", "/v1/score", body)
     assert resp.status_code == 200, resp.text
-    assert len(resp.json()["scores"]) == 16
+    assert len(resp.json()["scores"]) == 32
     assert backend.worker_calls == ["tokenize_many", "answers"] and len(backend.requests) == 32
 
 

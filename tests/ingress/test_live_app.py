@@ -11,7 +11,7 @@ from ingress.live_app import RUNTIME_FIELDS, LiveApp, runtime_settings
 from ingress.settings import IngressSettings
 from tests.helpers.openai_fakes import Backend
 
-SCORE = {"query": [5, 6], "items": [[10 + i] for i in range(20)], "label_token_ids": [1, 2]}  # 40 worker requests
+SCORE = {"query": [5, 6], "items": [[10 + i] for i in range(40)], "label_token_ids": [1, 2]}  # 40 worker requests
 
 
 def test_user_config_overlays_args() -> None:
@@ -39,4 +39,4 @@ async def test_replaced_app_serves_the_next_request_with_serve_handlers() -> Non
         live.replace(new)
         assert KeyError in new.exception_handlers
         r = await c.post("/v1/score", json=SCORE)
-        assert r.status_code == 200 and len(r.json()["scores"]) == 20, r.text
+        assert r.status_code == 200 and len(r.json()["scores"]) == 40, r.text

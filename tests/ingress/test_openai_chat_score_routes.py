@@ -176,10 +176,25 @@ async def test_score_ids(apply_softmax):
     want = [expected(3, [7, 9], apply_softmax), expected(5, [7, 9], apply_softmax)]
     assert answer["scores"] == [pytest.approx(row, abs=1e-12) for row in want]
     assert answer["usage"] == {"prompt_tokens": 8, "completion_tokens": 0, "total_tokens": 8}
-    # One scoring-only request per (item, label): query+item+[label], its one row after query+item.
-    sent = [(r.input_ids, r.params.logprob_start_len, r.params.max_tokens) for r in backend.requests]
-    assert sent == [([1, 2, 3, 7], 2, 0), ([1, 2, 3, 9], 2, 0), ([1, 2, 4, 5, 6, 7], 4, 0),
-                    ([1, 2, 4, 5, 6, 9], 4, 0)]
+    # One scoring-only request per item, as SGLang: query+item+[first label], its one row after query+item reporting
+    # every label (token_ids_logprob).
+    sent = [(r.input_ids, r.params.logprob_start_len, r.params.max_tokens, r.params.token_ids_logprob)
+            for r in backend.requests]
+    assert sent == [([1, 2, 3, 7], 2, 0, [7, 9]), ([1, 2, 4, 5, 6, 7], 4, 0, [7, 9])]
+
+
+async def test_score_labels_are_bounded_by_one_rows_ids_not_by_the_fan_out():
+    """40 labels (above max_batch_items, 32) are one request per item; repeats keep their place; more labels than
+    max_token_ids_logprob is a 400 naming it and the body's field, before any worker call."""
+    backend = Backend()
+    labels = [*range(1, 41), 7]  # ids below the fake's vocabulary (100)
+    resp = await score({"query": [1, 2], "items": [[3]], "label_token_ids": labels}, backend)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["scores"] == [pytest.approx(expected(3, labels, False), abs=1e-12)]
+    assert len(backend.requests) == 1
+    backend = Backend()
+    resp = await score({"query": [1, 2], "items": [[3]], "label_token_ids": [1] * 257}, backend)
+    assert "max_token_ids_logprob" in error(resp, 400, "label_token_ids") and backend.requests == []
 
 
 async def test_score_text_and_item_first():

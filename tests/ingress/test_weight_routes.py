@@ -17,7 +17,7 @@ PLAIN, ADMIN = "plain-key", "admin-key"
 
 
 def client(backend: FakeBackend, settings: IngressSettings | None = None) -> httpx.AsyncClient:
-    app = build_fastapi_app(backend, settings or IngressSettings())
+    app = build_fastapi_app(backend, settings or IngressSettings(open_admin_routes=True))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
@@ -72,9 +72,16 @@ async def test_admin_routes_need_an_admin_key(path: str, tmp_path) -> None:
     async with client(FakeBackend(), IngressSettings(api_keys=(PLAIN,))) as c:
         r = await c.post(path, json=body, headers={"Authorization": f"Bearer {PLAIN}"})
         assert r.status_code == 401
-    # No key at all (a loopback or explicitly unauthenticated server): open, like every route.
-    async with client(FakeBackend()) as c:
+    # No key at all (the shipped local config): closed, naming both ways to open them.
+    async with client(FakeBackend(), IngressSettings()) as c:
+        r = await c.post(path, json=body)
+        assert r.status_code == 401 and "open_admin_routes" in r.text and "admin_api_keys" in r.text
+    # Opened on purpose (a trusted network): whoever passes the API-key check.
+    async with client(FakeBackend(), IngressSettings(open_admin_routes=True)) as c:
         assert (await c.post(path, json=body)).status_code == 200
+    async with client(FakeBackend(), IngressSettings(api_keys=(PLAIN,), open_admin_routes=True)) as c:
+        assert (await c.post(path, json=body)).status_code == 401
+        assert (await c.post(path, json=body, headers={"Authorization": f"Bearer {PLAIN}"})).status_code == 200
 
 
 def test_admin_keys_from_the_environment() -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import yaml
 
-from bench.reliability import ids_of, reference
+from checks.reliability import ids_of, reference
 
 ATOL = 1e-4
 APP = "faults"

@@ -128,7 +128,7 @@ def compare(ours: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
 
 # --- the timing script -----------------------------------------------------------------------------------
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="lm-eval through rayscore vs lm-eval's hf backend.")
     parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="a running rayscore (make serve)")
     parser.add_argument("--questions", type=int, default=300)
@@ -138,7 +138,7 @@ def main() -> None:
                         help="lm-eval's --batch_size for its hf backend (default: --batch-size, the same batches)")
     parser.add_argument("--num-concurrent", type=int, default=1)
     parser.add_argument("--tokenizer", choices=["remote", "local"], default="local")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from engine.loading.default_model import ensure_default_model
 
     model_path = ensure_default_model()

@@ -7,7 +7,7 @@ Parts (--parts, default all): fuzz (hook: schemathesis over /openapi.json, added
 (bounded clients far beyond a worker's queue: 200/503 counts, 503 latency, exactness of a sample against
 transformers, the worker's peak memory), abuse (one client's reused ids, huge error echoes, huge texts, fan-outs,
 stop strings, surrogates, hostile headers and 300 slow connections while a prober is served:
-bench/serving/one_client.py), kill (SIGKILL a worker under in-flight scoring requests:
+checks/one_client.py), kill (SIGKILL a worker under in-flight scoring requests:
 answered/lost), drain (redeploy the app twice under load: lost), abandon (streams dropped after their first
 event: KV blocks free afterwards). Worker pids, stats and redeploys go through Ray (the worker deployment's
 handle), so --url alone runs fuzz, flood and abandon without stats. Prints one JSON line per part and a summary.
@@ -95,10 +95,10 @@ def _fan_out(n: int, fn: Callable[[int], Any]) -> list[Any]:
 
 # --- parts ----------------------------------------------------------------------------------------------
 def fuzz(ctx: Ctx) -> dict[str, Any]:
-    """schemathesis over the server's /openapi.json (bench/serving/fuzz.py: checks not_a_server_error,
+    """schemathesis over the server's /openapi.json (checks/fuzz.py: checks not_a_server_error,
     status_code_conformance, response_schema_conformance, content_type_conformance), positive and negative
     cases per operation; a server with API keys is fuzzed with the first key of $RAYSCORE_API_KEYS."""
-    from bench.serving.fuzz import run_fuzz
+    from checks.fuzz import run_fuzz
 
     examples = max(5, 50 // ctx.scale)
     key = (os.environ.get("RAYSCORE_API_KEYS") or "").split(",")[0].strip() or None
@@ -229,8 +229,8 @@ def abandon(ctx: Ctx) -> dict[str, Any]:
 
 
 def abuse(ctx: Ctx) -> dict[str, Any]:
-    """One client's valid-looking requests against everyone else (bench/serving/one_client.py)."""
-    from bench.serving.one_client import abuse as run
+    """One client's valid-looking requests against everyone else (checks/one_client.py)."""
+    from checks.one_client import abuse as run
     from ingress.settings import IngressSettings
 
     def queued() -> int:
