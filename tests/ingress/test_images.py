@@ -253,3 +253,18 @@ def test_sglang_image_data_per_prompt_count() -> None:
     with pytest.raises(InvalidRequest) as err:
         image_blobs(parse({"input_ids": [1], "image_data": [[b64]]}))
     assert err.value.message == sg.IMAGE_DATA_SHAPE
+
+
+async def test_a_text_model_refuses_images_in_every_dialect() -> None:
+    """Through the real routes (a fake worker that serves a text model): a 400 naming the count, no worker call."""
+    from tests.helpers.openai_fakes import Backend, call
+
+    url = "data:image/png;base64," + base64.b64encode(_encoded(random_image(10, 10, seed=8))).decode()
+    backend = Backend()
+    r = await call(backend, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "hi"}]}]})
+    assert r.status_code == 400 and r.json()["error"]["message"] == img.NO_IMAGES_HERE.format(n=1)
+    r = await call(backend, "POST", "/generate", {"input_ids": [1, 2], "image_data": [url, url],
+                                                  "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 400 and r.json()["message"] == img.NO_IMAGES_HERE.format(n=2)
+    assert backend.requests == []
