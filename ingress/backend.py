@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ingress.coalesce import Coalescer
 from ingress.errors import Overloaded, WorkerLost, worker_failed
+from ingress.images import ImageBlob, ImageLimits, LazyImages, prepare_images
 from ingress.text import LazyText, TextSide
 from protocol import (
     DEFAULT_WEIGHT_VERSION,
     ChatPrompt,
     GenerateChunk,
     GenerateRequest,
+    ImageData,
     ModelInfo,
     TokenizerInfo,
     WeightUpdate,
@@ -99,8 +101,15 @@ class Backend(Protocol):
         """Each in-vocabulary id decoded alone."""
         ...
 
-    async def apply_chat_template(self, messages: list[dict[str, Any]]) -> ChatPrompt:
-        """The ids of chat `messages` under the tokenizer's chat template, with the assistant turn opened."""
+    async def apply_chat_template(self, messages: list[dict[str, Any]],
+                                  image_ids: tuple[int, ...] = ()) -> ChatPrompt:
+        """The ids of chat `messages` under the tokenizer's chat template, with the assistant turn opened; each
+        IMAGE_MARKER in the rendered text becomes `image_ids` (vision start, one placeholder, vision end)."""
+        ...
+
+    async def prepare_images(self, blobs: list[ImageBlob], limits: ImageLimits, param: str) -> list[ImageData]:
+        """The images decoded and preprocessed by this replica's image processor, in a thread; InvalidRequest names
+        the first broken limit."""
         ...
 
     async def tokenizer_info(self) -> TokenizerInfo:
@@ -157,6 +166,7 @@ class HandleBackend:
         self._info_refresh: asyncio.Task[None] | None = None
         self._text = LazyText()
         self._warming: asyncio.Task[None] | None = None
+        self._images = LazyImages()
 
     async def model_info(self) -> ModelInfo:
         if self._info is None:
@@ -299,8 +309,12 @@ class HandleBackend:
     async def token_texts(self, ids: list[int]) -> list[str]:
         return await asyncio.to_thread((await self._text_side()).token_texts, ids)
 
-    async def apply_chat_template(self, messages: list[dict[str, Any]]) -> ChatPrompt:
-        return await asyncio.to_thread((await self._text_side()).chat_prompt, messages)
+    async def apply_chat_template(self, messages: list[dict[str, Any]],
+                                  image_ids: tuple[int, ...] = ()) -> ChatPrompt:
+        return await asyncio.to_thread((await self._text_side()).chat_prompt, messages, image_ids)
+
+    async def prepare_images(self, blobs: list[ImageBlob], limits: ImageLimits, param: str) -> list[ImageData]:
+        return await prepare_images(await self._images.get(await self.model_info()), blobs, limits, param)
 
     async def tokenizer_info(self) -> TokenizerInfo:
         return (await self._text_side()).tokenizer_info()

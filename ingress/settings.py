@@ -51,6 +51,15 @@ class IngressSettings:
                                        "than workers leave some idle); 0: every request its own call.")
     coalesce_max_tokens: int = _doc(2048, "Most prompt tokens in one coalesced worker call; a scoring request "
                                     "larger than this is sent alone.")
+    # Images (ingress/images.py, rulebook/images.py): decoded and preprocessed here, in a thread.
+    max_images_per_request: int = _doc(8, "Most images one request may carry, over all its messages or items (400 "
+                                       "above it).")
+    max_image_pixels: int = _doc(16_777_216, "Most pixels (width x height) of one image, read from its header before "
+                                 "it is decoded, so a decompression bomb costs nothing (400 above it).")
+    allow_image_urls: bool = _doc(False, "Whether an image may be given as an http(s) URL (chat image_url, SGLang "
+                                  "image_data), which the ingress then fetches, bounded by max_request_bytes and "
+                                  "body_timeout_s. Off: such a URL is a 400 asking for a data: URL (servers often "
+                                  "have no network, and a fetch holds the request on a third party).")
     # Accepted bearer keys; empty: no authentication (edge/auth.py). Kept out of repr: settings may be logged.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # Keys the admin routes (weight updates, cache flush) take; a plain api_key never opens them (edge/auth.py).
@@ -64,7 +73,7 @@ class IngressSettings:
 
     def __post_init__(self) -> None:
         for name in ("max_batch_items", "max_stop_strings", "max_stop_string_chars", "max_stop_token_ids",
-                     "max_token_ids_logprob", "max_rid_chars"):
+                     "max_token_ids_logprob", "max_rid_chars", "max_images_per_request", "max_image_pixels"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_request_bytes <= 0:

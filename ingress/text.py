@@ -21,6 +21,11 @@ from typing import Any
 from protocol import ChatPrompt, ModelInfo, TokenizerInfo
 from rulebook import rules
 
+# What a chat message's image part becomes in the text the template renders; the rendered text is split there and
+# the model's image ids (vision start, placeholder, vision end) put between the pieces' ids, so no tokenizer needs to
+# know the model's image tokens as text. A client's own text holding it is one more image run: a 400 (the counts).
+IMAGE_MARKER = "<|rayscore:image|>"
+
 
 class TextSide:
     """One ingress replica's tokenizer. Every method is synchronous: call it through asyncio.to_thread."""
@@ -66,7 +71,7 @@ class TextSide:
         texts: list[str] = self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)
         return texts
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> ChatPrompt:
+    def chat_prompt(self, messages: list[dict[str, Any]], image_ids: tuple[int, ...] = ()) -> ChatPrompt:
         """`messages` ({role, content} with text content, and name / tool_calls / tool_call_id) under the
         tokenizer's chat template, ending with the assistant turn's opening (add_generation_prompt), tokenized as a
         text prompt is: the template writes the special tokens itself."""
@@ -84,7 +89,12 @@ class TextSide:
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except TemplateError as exc:  # the template's own raise_exception (roles it does not accept, ...)
             return ChatPrompt([], error=f"The chat template rejected the messages: {exc}")
-        return ChatPrompt(self.tokenizer.encode(text, add_special_tokens=False))
+        if not image_ids:
+            return ChatPrompt(self.tokenizer.encode(text, add_special_tokens=False))
+        ids: list[int] = []
+        for i, piece in enumerate(text.split(IMAGE_MARKER)):
+            ids += ([*image_ids] if i else []) + self.tokenizer.encode(piece, add_special_tokens=False)
+        return ChatPrompt(ids)
 
     def tokenizer_info(self) -> TokenizerInfo:
         tok = self.tokenizer

@@ -5,12 +5,13 @@ rulebook and the ingress import it (vLLM's sampling_params.py / outputs.py, SGLa
 
 from protocol.carriers import GenerateChunk, GenerateRequest, error_chunk, until_finished
 from protocol.control import WeightUpdate, WeightUpdateResult
+from protocol.images import ImageData, expand_runs
 from protocol.info import ChatPrompt, ModelInfo, TokenizerInfo, WorkerStats
 from protocol.outputs import DEFAULT_WEIGHT_VERSION, FinishReason, FinishType, merge_outputs
 from protocol.sampling import AdapterRef, PoolingParams, SamplingParams
 
 __all__ = [
     "DEFAULT_WEIGHT_VERSION", "AdapterRef", "ChatPrompt", "FinishReason", "FinishType", "GenerateChunk",
-    "GenerateRequest", "ModelInfo", "PoolingParams", "SamplingParams", "TokenizerInfo", "WeightUpdate",
-    "WeightUpdateResult", "WorkerStats", "error_chunk", "merge_outputs", "until_finished",
+    "GenerateRequest", "ImageData", "ModelInfo", "PoolingParams", "SamplingParams", "TokenizerInfo", "WeightUpdate",
+    "WeightUpdateResult", "WorkerStats", "error_chunk", "expand_runs", "merge_outputs", "until_finished",
 ]

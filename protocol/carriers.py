@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
+from protocol.images import ImageData
 from protocol.outputs import CONCAT, FinishReason
 from protocol.sampling import SamplingParams
 
@@ -29,6 +30,9 @@ class GenerateRequest:
     # and counts once the first `shared_tokens` of input_ids, which an earlier request of the group has too.
     group: str | None = None
     shared_tokens: int = 0
+    # The prompt's images in order, preprocessed by the ingress; input_ids holds each one's placeholder run already
+    # expanded (ImageData.num_tokens placeholder ids). None: a text-only prompt.
+    images: list[ImageData] | None = None
 
 
 @dataclass

@@ -36,10 +36,19 @@ class ModelInfo:
     num_labels: int = 0
     id2label: dict[int, str] = field(default_factory=dict)
     problem_type: str | None = None
+    # A vision-language model's placeholder ids (its config's image_token_id, vision_start_token_id,
+    # vision_end_token_id): what the ingress writes around an image. None: the model takes no images.
+    image_token_id: int | None = None
+    vision_start_token_id: int | None = None
+    vision_end_token_id: int | None = None
 
     @property
     def classifier(self) -> bool:
         return self.num_labels > 0
+
+    @property
+    def takes_images(self) -> bool:
+        return self.image_token_id is not None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ RESPONSE_FORMAT = "response_format is not supported by this server: only {\"type
 MAX_TOKENS_POSITIVE = "The {name} {value} must be a positive integer."
 TOP_NEEDS_LOGPROBS = "top_logprobs requires logprobs=true."
 NO_MESSAGES = "messages must not be empty."
-MESSAGE_PART = "The message at index {i} has a `{kind}` part: only text content is supported by this server."
+MESSAGE_PART = ("The message at index {i} has a `{kind}` part: this server takes `text` and `image_url` parts "
+                "(docs/multimodal.md).")
+IMAGE_PART = "The message at index {i} has an `image_url` part without `image_url.url`."
 # /v1/completions
 BEST_OF = "best_of={value} is not supported: only 1."
 SUFFIX = "suffix is not supported by this server."

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, get_args
 
 from protocol.control import PauseMode
+from rulebook.images import quote
 from rulebook.rules import Violation
 
 # Top-level fields of the seed's shape that SGLang's shape puts inside `sampling_params` (or calls `text`).
@@ -36,7 +37,7 @@ UNSUPPORTED_SAMPLING: Mapping[str, tuple[Any, ...]] = {
     "custom_params": (), "logit_bias": ({},), "stream_interval": (1,)}
 # Top-level fields of SGLang's GenerateReqInput this server does not implement, with their "off" values.
 UNSUPPORTED_FIELDS: Mapping[str, tuple[Any, ...]] = {
-    "input_embeds": (), "image_data": ([],), "video_data": ([],), "audio_data": ([],),
+    "input_embeds": (), "video_data": ([],), "audio_data": ([],),
     "lora_id": (), "session_params": (), "custom_logit_processor": (), "return_hidden_states": (False,),
     "return_routed_experts": (False,), "return_indexer_topk": (False,), "return_sampling_mask": (False,),
     "return_flat_raw_top_logprobs": (False,), "return_flat_raw_top_logprobs_b64": (False,),
@@ -56,7 +57,7 @@ NO_EFFECT_FIELDS = frozenset({
 UNKNOWN_FIELD = ("Unknown field `{name}`: it is not a field of SGLang's /generate that this server knows, and it is "
                  "refused rather than ignored (docs/sglang.md lists the fields).")
 
-UNSUPPORTED = ("The {where}{name} ({value!r}) is not supported by this server: it would change the answer, and is "
+UNSUPPORTED = ("The {where}{name} ({value}) is not supported by this server: it would change the answer, and is "
                "never silently ignored. Remove it{off}.")
 ONE_PROMPT = "You must specify exactly one of text or input_ids."
 EMPTY_LIST = "The {field} must not be an empty list"
@@ -73,6 +74,8 @@ START_PAST_END = ("The logprob_start_len {start} is past the prompt's last posit
                   "{num_ids}; SGLang's entries are input_ids[logprob_start_len:]).")
 START_BELOW = "The logprob_start_len {start} must be -1 (output tokens only) or at least 0."
 MAX_NEW_NEGATIVE = "The sampling_params.max_new_tokens {value} must be at least 0."
+IMAGE_DATA_SHAPE = ("The image_data must be a string (a data: URL or base64 bytes), a list of them (one prompt's "
+                    "images), or for a batch one such entry per prompt.")
 # SGLang's per-position ids (PR #27421, carried on as #38119): one id list per input position, indexed by the target
 # token's absolute position (position p's list is scored against input_ids[p], predicted by row p - 1).
 POSITIONS_WITH_FLAT = ("The token_ids_logprob_positions and token_ids_logprob are mutually exclusive (SGLang's rule): "
@@ -130,7 +133,8 @@ def unsupported_field(body: Mapping[str, Any]) -> Violation | None:
     """The first top-level SGLang field set to something this server cannot do."""
     for name, off in UNSUPPORTED_FIELDS.items():
         if name in body and not _is_off(body[name], off):
-            return Violation(UNSUPPORTED.format(where="", name=name, value=body[name], off=_off_hint(off)), name)
+            return Violation(UNSUPPORTED.format(where="", name=name, value=quote(body[name]), off=_off_hint(off)),
+                             name)
     return None
 
 
@@ -151,7 +155,8 @@ def unsupported_sampling(params: Mapping[str, Any]) -> Violation | None:
         if off is None:
             return Violation(UNKNOWN_SAMPLING.format(name=name), param=f"sampling_params.{name}")
         if not _is_off(value, off):
-            return Violation(UNSUPPORTED.format(where="sampling_params.", name=name, value=value, off=_off_hint(off)),
+            return Violation(UNSUPPORTED.format(where="sampling_params.", name=name, value=quote(value),
+                                                off=_off_hint(off)),
                              param=f"sampling_params.{name}")
     return None
 

@@ -16,6 +16,7 @@ from ray import serve
 from engine.async_engine import AsyncEngine
 from engine.config import RUNTIME_FIELDS, EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.multimodal.image_input import ImageInput
 from protocol import (
     GenerateChunk,
     GenerateRequest,
@@ -39,6 +40,14 @@ log = logging.getLogger("ray.serve")
 def _labels(hf_config: Any) -> dict[int, str]:
     """A classifier's id2label, label index -> name (transformers keeps int keys; a JSON config may give strings)."""
     return {int(k): str(v) for k, v in (getattr(hf_config, "id2label", None) or {}).items()}
+
+
+def _vision_ids(hf_config: Any) -> dict[str, int]:
+    """A vision-language checkpoint's placeholder ids (ModelInfo's), none for a text model."""
+    if getattr(hf_config, "vision_config", None) is None:
+        return {}
+    names = ("image_token_id", "vision_start_token_id", "vision_end_token_id")
+    return {n: int(getattr(hf_config, n)) for n in names if getattr(hf_config, n, None) is not None}
 
 
 class EngineWorker:
@@ -67,7 +76,8 @@ class EngineWorker:
                               max_top_logprobs=cfg.max_top_logprobs, max_logprob_entries=cfg.max_logprob_entries,
                               num_labels=eng.model.num_labels,
                               id2label=_labels(eng.hf_config) if eng.model.classifier else {},
-                              problem_type=getattr(eng.hf_config, "problem_type", None))
+                              problem_type=getattr(eng.hf_config, "problem_type", None),
+                              **_vision_ids(eng.hf_config))
         self._base_config = cfg  # what `args` gave; user_config (reconfigure) is laid over it
         # Serve's model multiplexing of LoRA adapters: an LRU of max_loras adapter names per replica that Serve
         # reports to every router (the engine's own LRU of slots is the same size and loads on demand).
@@ -126,8 +136,10 @@ class EngineWorker:
             self.metrics.on_output(params, out)
             return to_chunk(out, params, eng.weight_version)
 
+        # The ingress decoded and preprocessed the images; here their bytes only become tensors.
+        images = [ImageInput.from_carrier(im) for im in req.images] if req.images else None
         async with contextlib.aclosing(self.engine.generate(req.rid, ids, params, convert, req.group,
-                                                                     req.shared_tokens)) as stream:
+                                                            req.shared_tokens, images=images)) as stream:
             async for chunk in stream:
                 yield chunk
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import torch
 
-# Qwen2-VL's family merges 2 x 2 patches into one placeholder token (vision_config.spatial_merge_size).
-MERGE = 2
+from protocol.images import MERGE, ImageData, image_digest
 
 
 @dataclass(frozen=True, eq=False)  # compared by digest, never by the tensor
@@ -32,9 +30,14 @@ class ImageInput:
             raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)}; grid_thw {(t, h, w)} needs "
                              f"{t * h * w} rows")
         pixels = pixel_values.detach().to("cpu", torch.float32).contiguous()
-        h64 = hashlib.blake2b(pixels.numpy().tobytes(), digest_size=8, person=b"rayscore-img")
-        h64.update(repr((t, h, w)).encode())
-        return cls(pixels, (t, h, w), int.from_bytes(h64.digest(), "little", signed=True))
+        return cls(pixels, (t, h, w), image_digest(pixels.numpy().tobytes(), (t, h, w)))
+
+    @classmethod
+    def from_carrier(cls, data: ImageData) -> ImageInput:
+        """The engine's image of a carrier from the ingress: its bytes viewed as patches (copied once, so the
+        tensor owns writable memory), its digest as computed there (the same function as `of`)."""
+        pixels = torch.frombuffer(bytearray(data.pixels), dtype=torch.float32).view(data.rows, data.cols)
+        return cls(pixels, data.grid_thw, data.digest)
 
     @property
     def num_tokens(self) -> int:

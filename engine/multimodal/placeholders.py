@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.multimodal.image_input import ImageInput
+from protocol.images import expand_runs, placeholder_runs
 
 
 @dataclass(frozen=True)
@@ -22,18 +23,8 @@ class ImageSpan:
 
 
 def placeholder_spans(token_ids: list[int], image_token_id: int) -> list[ImageSpan]:
-    """The maximal runs of the image placeholder id, in order."""
-    spans: list[ImageSpan] = []
-    run = -1
-    for i, tok in enumerate(token_ids):
-        if tok == image_token_id and run < 0:
-            run = i
-        elif tok != image_token_id and run >= 0:
-            spans.append(ImageSpan(run, i - run))
-            run = -1
-    if run >= 0:
-        spans.append(ImageSpan(run, len(token_ids) - run))
-    return spans
+    """The maximal runs of the image placeholder id, in order (protocol's rule, which the ingress applies too)."""
+    return [ImageSpan(start, length) for start, length in placeholder_runs(token_ids, image_token_id)]
 
 
 def image_spans(token_ids: list[int], images: list[ImageInput], image_token_id: int) -> list[ImageSpan]:
@@ -47,11 +38,6 @@ def image_spans(token_ids: list[int], images: list[ImageInput], image_token_id: 
 
 def expand_placeholders(token_ids: list[int], images: list[ImageInput], image_token_id: int) -> list[int]:
     """token_ids with the i-th placeholder run (of any length, one token as a template writes it) replaced by
-    images[i].num_tokens placeholders. Raises ValueError when the runs and the images differ in number."""
-    spans = image_spans(token_ids, images, image_token_id)
-    out: list[int] = []
-    at = 0
-    for span, image in zip(spans, images, strict=True):
-        out += token_ids[at:span.start] + [image_token_id] * image.num_tokens
-        at = span.end
-    return out + token_ids[at:]
+    images[i].num_tokens placeholders (protocol's expand_runs: the ingress expands every dialect's prompt with it).
+    Raises ValueError when the runs and the images differ in number."""
+    return expand_runs(token_ids, [image.num_tokens for image in images], image_token_id)

@@ -22,7 +22,8 @@ from ingress.adapters.select import served_model
 from ingress.backend import Backend
 from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
-from ingress.errors import InvalidRequest, JSONAnswer
+from ingress.errors import InvalidRequest, JSONAnswer, enforce
+from ingress.images import ImageBlob, expanded, from_data_url, image_limits, vision_ids
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.limits import check_limits
 from ingress.openai.render.chat import ChatChoice
@@ -42,7 +43,9 @@ from ingress.openai.validation import (
     vllm_fields,
 )
 from ingress.sse import sse_data
-from protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
+from ingress.text import IMAGE_MARKER
+from protocol import ChatPrompt, GenerateChunk, GenerateRequest, ImageData, ModelInfo, SamplingParams
+from rulebook import images as img
 from rulebook import openai as msg
 
 Head = tuple[str, int, str]  # id, created, model
@@ -52,7 +55,8 @@ Head = tuple[str, int, str]  # id, created, model
 class ChatSettings:
     """A validated chat body's settings with OpenAI's defaults applied (null = default)."""
 
-    messages: list[dict[str, Any]]  # as the chat template takes them
+    messages: list[dict[str, Any]]  # as the chat template takes them, an image part as IMAGE_MARKER
+    images: list[ImageBlob]  # the image parts' bytes, in order
     logprobs: int | None  # None: no logprobs; k >= 0: each token's own and k alternatives
     stream: bool
     include_usage: bool
@@ -79,7 +83,7 @@ def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:
         raise InvalidRequest(msg.TOOLS, param="tools")
     if body.response_format not in (None, {"type": "text"}):
         raise InvalidRequest(msg.RESPONSE_FORMAT, param="response_format")
-    messages = template_messages(body.messages)
+    messages, images = template_messages(body.messages)
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is not None and max_tokens < 1:
@@ -89,26 +93,39 @@ def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:
     k = (body.top_logprobs or 0) if body.logprobs else None
     check_logprobs(k, info, "logprobs" if body.top_logprobs is None else "top_logprobs")
     params = sampling_params(body, info, max_tokens or 1, k)
-    return ChatSettings(messages=messages, logprobs=k, stream=bool(body.stream), include_usage=include_usage(body),
-                        max_tokens=max_tokens, params=params, vllm=vllm_fields(body, info, params))
+    return ChatSettings(messages=messages, images=images, logprobs=k, stream=bool(body.stream),
+                        include_usage=include_usage(body), max_tokens=max_tokens, params=params,
+                        vllm=vllm_fields(body, info, params))
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """The messages as chat templates take them: role and text content (text parts joined by newlines), and the
-    name, tool calls and tool call id where the message has them."""
+def template_messages(messages: list[ChatMessage]) -> tuple[list[dict[str, Any]], list[ImageBlob]]:
+    """The messages as chat templates take them: role and text content (text parts joined by newlines, an image
+    part as IMAGE_MARKER where it sits), and the name, tool calls and tool call id where the message has them; and
+    the image parts' bytes in order (only data: URLs: rulebook/images.py)."""
     if not messages:
         raise InvalidRequest(msg.NO_MESSAGES, param="messages")
     out = []
+    images: list[ImageBlob] = []
     for i, m in enumerate(messages):
         parts = [m.content] if isinstance(m.content, str) else list(m.content or [])
-        texts = []
+        content = ""
+        after_text = False
         for part in parts:
-            if not isinstance(part, str) and (part.type != "text" or part.text is None):
+            if isinstance(part, str) or (part.type == "text" and part.text is not None):
+                content += ("\n" if after_text else "") + (part if isinstance(part, str) else part.text or "")
+                after_text = True
+            elif part.type == "image_url":
+                if part.image_url is None:
+                    raise InvalidRequest(msg.IMAGE_PART.format(i=i), param="messages")
+                where = f"messages[{i}] image {len(images)}"
+                images.append(from_data_url(part.image_url.url, where, "messages"))
+                content += IMAGE_MARKER
+                after_text = False
+            else:
                 raise InvalidRequest(msg.MESSAGE_PART.format(i=i, kind=part.type), param="messages")
-            texts.append(part if isinstance(part, str) else part.text)
         extra = {k: v for k in ("name", "tool_calls", "tool_call_id") if (v := getattr(m, k)) is not None}
-        out.append({"role": m.role, "content": "\n".join(texts), **extra})
-    return out
+        out.append({"role": m.role, "content": content, **extra})
+    return out, images
 
 
 class ChatRoutes:
@@ -125,18 +142,28 @@ class ChatRoutes:
         info = await served_model(self._backend, batch, body.model)
         settings = validate_chat(body.model_copy(update={"model": None}), info)
         check_causal(info, "/v1/chat/completions")
-        prompt = await self._backend.apply_chat_template(settings.messages)
+        images: list[ImageData] = []
+        if settings.images:
+            enforce(img.no_images_here(len(settings.images), info.takes_images, "messages"))
+            images = await self._backend.prepare_images(settings.images, image_limits(batch.settings), "messages")
+        prompt = await (self._backend.apply_chat_template(settings.messages, vision_ids(info)) if images
+                        else self._backend.apply_chat_template(settings.messages))
         if prompt.error is not None:
             raise InvalidRequest(prompt.error, param="messages")
-        max_tokens = settings.max_tokens_for(len(prompt.ids), info)
-        check_prompt(None, prompt.ids, max_tokens, info, param="messages")
+        ids = expanded(prompt.ids, images, info, "messages")
+        max_tokens = settings.max_tokens_for(len(ids), info)
+        if images:
+            enforce(img.image_context(len(ids), [im.num_tokens for im in images], max_tokens, info.max_model_len,
+                                      "messages"))
+        check_prompt(None, ids, max_tokens, info, param="messages")
+        prompt = ChatPrompt(ids)
 
         cid = f"chatcmpl-{current_request_id() or uuid.uuid4().hex}"
         head = (cid, int(time.time()), info.model_name)
         params = replace(settings.params, max_tokens=max_tokens)
         if settings.vllm.prompt_logprobs is not None and len(prompt.ids) >= 2:
             params = scoring_params(params, settings.vllm)
-        requests = [GenerateRequest(rid=cid, input_ids=prompt.ids, params=params)]
+        requests = [GenerateRequest(rid=cid, input_ids=prompt.ids, params=params, images=images or None)]
         if settings.vllm.prompt_logprobs is not None:  # its over-limit 400 names the field that asked
             check_limits(requests, batch.settings, info, param="prompt_logprobs")
         choice = ChatChoice(prompt.ids, settings.logprobs, settings.vllm)

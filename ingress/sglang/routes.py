@@ -17,12 +17,14 @@ from starlette.responses import Response
 
 from ingress.adapters.select import adapter_by_name
 from ingress.backend import Backend
-from ingress.errors import InvalidRequest, JSONAnswer
+from ingress.errors import InvalidRequest, JSONAnswer, enforce
+from ingress.images import image_limits
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.sglang.render import Texts, answer_json, token_ids_needed
-from ingress.sglang.translate import Item, Parsed, build
+from ingress.sglang.translate import Item, Parsed, build, image_blobs
 from ingress.sse import SSE_DONE, sse_data
-from protocol import GenerateChunk, merge_outputs
+from protocol import GenerateChunk, ImageData, ModelInfo, merge_outputs
+from rulebook import images as img
 from rulebook.sglang import LORA_PATHS_DIFFER
 
 
@@ -50,7 +52,8 @@ class SGLangGenerate:
     async def _work(self, parsed: Parsed, batch: Batch, started: float) -> Response:
         info = await self._backend.model_info()
         batch.adapter = await adapter_by_name(self._backend, _lora_name(parsed.body.lora_path), "lora_path")
-        items = await build(parsed, info, lambda text: self._backend.tokenize(text))
+        images = await self._images(parsed, info, batch)
+        items = await build(parsed, info, lambda text: self._backend.tokenize(text), images)
         requests = [item.request for item in items]
         as_list = len(items) > 1 or not parsed.single
         if parsed.body.stream:
@@ -64,6 +67,16 @@ class SGLangGenerate:
         flat = parsed.body.return_flat_logprobs_b64
         answers = [answer_json(item, whole, texts, latency, flat) for item, whole in zip(items, wholes, strict=True)]
         return JSONAnswer(answers if as_list else answers[0])
+
+    async def _images(self, parsed: Parsed, info: ModelInfo, batch: Batch) -> list[list[ImageData]] | None:
+        """Each prompt's images decoded and preprocessed (one thread call for the body), or None without any."""
+        blobs = image_blobs(parsed)
+        flat = [b for item in blobs for b in item]
+        if not flat:
+            return None
+        enforce(img.no_images_here(len(flat), info.takes_images, "image_data"))
+        done = iter(await self._backend.prepare_images(flat, image_limits(batch.settings), "image_data"))
+        return [[next(done) for _ in item] for item in blobs]
 
     async def _texts(self, items: list[Item], chunks: list[GenerateChunk]) -> Texts | None:
         """Each token's text, for return_text_in_logprobs (the ingress's tokenizer, every id of the answer at once)."""

@@ -64,7 +64,9 @@ class SGLangBody(BaseModel):
         "float32 values, int32 ids) with their shapes, entry 0's null as `<field>_null_prefix` (docs/vllm.md).")
     stream: bool = False
     rid: str | list[str] | None = None
-    image_data: Any = None
+    image_data: str | list[str | list[str] | None] | None = Field(
+        None, description="The prompt's images (data: URLs or base64 bytes): one, a list, or for a batch one entry "
+        "per prompt; the prompt holds one placeholder run per image (docs/multimodal.md).")
 
 
 def body_schema() -> dict[str, Any]:

@@ -21,9 +21,11 @@ from pydantic import ValidationError
 from ingress.canonical import check_request
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, enforce
+from ingress.images import ImageBlob, expanded, from_image_data
 from ingress.sglang.schemas import SGLangBody, SGLangSampling
-from protocol import GenerateRequest, ModelInfo, SamplingParams
+from protocol import GenerateRequest, ImageData, ModelInfo, SamplingParams
 from protocol.sampling import split_token_ids
+from rulebook import images as img
 from rulebook import rules
 from rulebook import sglang as sg
 
@@ -94,15 +96,40 @@ def _located(exc: ValidationError, where: tuple[Any, ...]) -> SamplingTypeError:
     return SamplingTypeError([{**e, "loc": (*where, *e["loc"])} for e in exc.errors(include_url=False)])
 
 
-async def build(parsed: Parsed, info: ModelInfo, tokenize: Tokenize) -> list[Item]:
+def image_blobs(parsed: Parsed) -> list[list[ImageBlob]]:
+    """Each prompt's images as sent (SGLang's forms: a single prompt's string or list, a batch's entry per prompt);
+    only data: URLs and base64 bytes are read (ingress/images.py)."""
+    value, n_items = parsed.body.image_data, len(parsed.items)
+    if value is None or value == []:
+        return [[] for _ in range(n_items)]
+    if parsed.single:
+        if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+            raise InvalidRequest(sg.IMAGE_DATA_SHAPE, param="image_data")
+        entries: list[Any] = [value]
+    else:
+        if not isinstance(value, list):
+            raise InvalidRequest(sg.IMAGE_DATA_SHAPE, param="image_data")
+        enforce(sg.per_item_length("image_data", value, n_items))
+        entries = value
+    out = []
+    for i, entry in enumerate(entries):
+        strings = [] if entry is None else [entry] if isinstance(entry, str) else entry
+        where = "image_data" if parsed.single else f"image_data[{i}]"
+        out.append([from_image_data(v, f"{where} image {j}", "image_data") for j, v in enumerate(strings)])
+    return out
+
+
+async def build(parsed: Parsed, info: ModelInfo, tokenize: Tokenize,
+                images: list[list[ImageData]] | None = None) -> list[Item]:
     """The items' worker requests, validated by the seed's rules; a text prompt is tokenized first when its answer
-    needs its ids: input rows, and max_new_tokens bounded by the context left, as SGLang's scheduler bounds it."""
+    needs its ids: input rows, and max_new_tokens bounded by the context left, as SGLang's scheduler bounds it.
+    `images`: each prompt's images, preprocessed; its placeholder runs are expanded to them."""
     body, n_items = parsed.body, len(parsed.items)
+    per_item = images or [[] for _ in range(n_items)]
     ns = [s.n if s.n is not None else 1 for s in parsed.samplings]
     enforce(sg.parallel_samples(ns))
     n = ns[0]
-    per_item = ("return_logprob", "logprob_start_len", "top_logprobs_num")
-    for name in per_item:
+    for name in ("return_logprob", "logprob_start_len", "top_logprobs_num"):
         value = getattr(body, name)
         enforce(sg.per_item_length(name, value, n_items))
         if n > 1 and isinstance(value, list):
@@ -122,7 +149,7 @@ async def build(parsed: Parsed, info: ModelInfo, tokenize: Tokenize) -> list[Ite
         for i, prompt in enumerate(parsed.items):
             j = copy * n_items + i
             try:
-                out.append(await _item(parsed, i, prompt, token_ids[i], rids[j], info, tokenize))
+                out.append(await _item(parsed, i, prompt, token_ids[i], rids[j], info, tokenize, per_item[i]))
             except InvalidRequest as exc:
                 if parsed.single and n == 1:
                     raise
@@ -168,7 +195,7 @@ def _rids(rid: str | list[str] | None, n_items: int, n: int, single: bool) -> li
 
 
 async def _item(parsed: Parsed, i: int, prompt: Any, token_ids: Any, rid: str, info: ModelInfo,
-                tokenize: Tokenize) -> Item:
+                tokenize: Tokenize, images: list[ImageData]) -> Item:
     body, sp = parsed.body, parsed.samplings[i]
     want = bool(_pick(body.return_logprob, i, False))
     start = int(_pick(body.logprob_start_len, i, -1))
@@ -183,6 +210,10 @@ async def _item(parsed: Parsed, i: int, prompt: Any, token_ids: Any, rid: str, i
         enforce(rules.untokenizable(prompt, info.max_model_len, info.prompt_chars_per_token, "text"))
         ids = await tokenize(prompt)
         enforce(rules.empty_ids(ids))
+    # Positions count in the expanded prompt (logprob_start_len, the rows): what the model sees.
+    ids = expanded(ids, images, info, "image_data")
+    if images:
+        enforce(img.image_context(len(ids), [im.num_tokens for im in images], 0, info.max_model_len, "image_data"))
     if start >= 0:
         enforce(sg.start_in_prompt(start, len(ids)))
     positions = body.token_ids_logprob_positions
@@ -215,7 +246,7 @@ async def _item(parsed: Parsed, i: int, prompt: Any, token_ids: Any, rid: str, i
         stop=[sp.stop] if isinstance(sp.stop, str) else list(sp.stop or []),
         stop_token_ids=list(sp.stop_token_ids or []), ignore_eos=bool(sp.ignore_eos),
         skip_special_tokens=sp.skip_special_tokens is not False, include_stop_str_in_output=bool(sp.no_stop_trim))
-    request = GenerateRequest(rid=rid, input_ids=ids, params=params)
+    request = GenerateRequest(rid=rid, input_ids=ids, params=params, images=images or None)
     check_request(request, info, with_generation=True)
     return Item(request, start if want else -1, ids, want, k if want else 0, bool(token_ids) and want,
                 body.return_text_in_logprobs)

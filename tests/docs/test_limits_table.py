@@ -21,9 +21,9 @@ def section(title: str) -> str:
     return text[start:end]
 
 
-def stated(default: object) -> str:
-    """A default as the docs write it: 4 MiB, 204,800, 600."""
-    if isinstance(default, int) and default >= 2**20 and default % 2**20 == 0:
+def stated(default: object, name: str = "max_request_bytes") -> str:
+    """A default as the docs write it: 4 MiB (a byte count), 204,800, 600."""
+    if name.endswith("_bytes") and isinstance(default, int) and default >= 2**20 and default % 2**20 == 0:
         return f"{default // 2**20} MiB"
     if isinstance(default, float) and default.is_integer():
         default = int(default)
@@ -40,7 +40,7 @@ def test_the_limits_table_states_the_code_defaults() -> None:
     fields = AppConfig.model_fields
     for name, default in limits_rows():
         assert name in fields, f"docs/api.md names {name!r}, which is no AppConfig field"
-        expected = IN_WORDS.get(name) or stated(fields[name].default)
+        expected = IN_WORDS.get(name) or stated(fields[name].default, name)
         assert default == expected, f"docs/api.md says {name} defaults to {default!r}; the code says {expected!r}"
 
 
@@ -48,3 +48,4 @@ def test_a_changed_default_would_be_caught() -> None:
     # The check compares text: a default the docs do not state reads differently.
     assert stated(4 * 2**20) == "4 MiB" and stated(204_800) == "204,800" and stated(600.0) == "600"
     assert stated(32768) != stated(32769)
+    assert stated(2**24, "max_image_pixels") == "16,777,216"  # a pixel count is no byte count

@@ -104,7 +104,8 @@ class Backend(FakeBackend):
         self.token_text_calls += 1
         return [text_of(i) for i in ids]
 
-    async def apply_chat_template(self, messages: list[dict[str, Any]]) -> ChatPrompt:
+    async def apply_chat_template(self, messages: list[dict[str, Any]],
+                                  image_ids: tuple[int, ...] = ()) -> ChatPrompt:
         self.chat_messages.append(messages)
         if any(m["role"] not in ("system", "user", "assistant") for m in messages):
             return ChatPrompt([], error="The chat template rejected the messages: unknown role")

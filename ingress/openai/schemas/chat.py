@@ -14,18 +14,28 @@ from pydantic import BaseModel, Field
 from ingress.openai.schemas.common import STRICT_BODY, SamplingFields, Usage
 
 
+class ImageURL(BaseModel):
+    model_config = STRICT_BODY
+
+    url: str = Field(description="A `data:image/<type>;base64,...` URL; an http(s) URL only with the "
+                     "server's allow_image_urls (else 400).")
+    detail: str | None = Field(None, description="Accepted and unused: the model's image processor sizes images.")
+
+
 class ContentPart(BaseModel):
     model_config = STRICT_BODY
 
-    type: str = Field(description="Only `text`: this server serves a text-only model.")
+    type: str = Field(description="`text`, or `image_url` for a vision-language model (docs/multimodal.md).")
     text: str | None = None
+    image_url: ImageURL | None = None
 
 
 class ChatMessage(BaseModel):
     model_config = STRICT_BODY
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = Field(None, description="Text, or a list of text parts (joined).")
+    content: str | list[ContentPart] | None = Field(None, description="Text, or a list of text and "
+                                                    "image_url parts.")
     # Given to the chat template as they are, as vLLM and transformers do: what a template writes of them is the
     # template's (SmolLM2's writes none of them).
     name: str | None = Field(None, description="The participant's name, given to the chat template.")
