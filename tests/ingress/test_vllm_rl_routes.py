@@ -16,7 +16,8 @@ from tests.helpers.fakes import FakeBackend
 
 
 def client(backend: FakeBackend, settings: IngressSettings | None = None) -> httpx.AsyncClient:
-    app = build_fastapi_app(backend, settings)
+    # No key configured: the admin routes are closed by default, so these tests open them as a trusted network would.
+    app = build_fastapi_app(backend, settings or IngressSettings(open_admin_routes=True))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
