@@ -4,6 +4,8 @@ segments (an image, or one of its windows), each a separate softmax."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -60,3 +62,19 @@ class VisionAttention(nn.Module):
             qs, ks, vs = (t[lo:hi].transpose(0, 1)[None] for t in (q, k, v))  # [1, heads, len, head_dim]
             outs.append(F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1))
         return self.proj(torch.cat(outs).reshape(n, -1))
+
+
+class VisionBlock(nn.Module):
+    """A pre-norm tower block (names `norm1`, `attn`, `norm2`, `mlp` as in the checkpoints): attention over each
+    segment's patches, then the family's MLP. The families differ only in the norm (RMSNorm or LayerNorm) and MLP."""
+
+    def __init__(self, dim: int, num_heads: int, norm: Callable[[int], nn.Module], mlp: nn.Module) -> None:
+        super().__init__()
+        self.norm1 = norm(dim)
+        self.norm2 = norm(dim)
+        self.attn = VisionAttention(dim, num_heads)
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor, cu: list[int], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cu, cos, sin)
+        return x + self.mlp(self.norm2(x))

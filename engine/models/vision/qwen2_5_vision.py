@@ -5,6 +5,7 @@ the blocks and back to the processor's order after the merger, as transformers d
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ from transformers.activations import ACT2FN
 from transformers.vision_utils import get_vision_position_ids, get_vision_window_index
 
 from engine.layers.norm import RMSNorm
-from engine.models.vision.common import PatchEmbed, VisionAttention, axial_cos_sin
+from engine.models.vision.common import PatchEmbed, VisionBlock, axial_cos_sin
 
 
 class VisionMLP(nn.Module):
@@ -26,19 +27,6 @@ class VisionMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
-class VisionBlock(nn.Module):
-    def __init__(self, cfg: Any) -> None:
-        super().__init__()
-        self.norm1 = RMSNorm(cfg.hidden_size, 1e-6)
-        self.norm2 = RMSNorm(cfg.hidden_size, 1e-6)
-        self.attn = VisionAttention(cfg.hidden_size, cfg.num_heads)
-        self.mlp = VisionMLP(cfg)
-
-    def forward(self, x: torch.Tensor, cu: list[int], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cu, cos, sin)
-        return x + self.mlp(self.norm2(x))
 
 
 class PatchMerger(nn.Module):
@@ -59,7 +47,9 @@ class Qwen2_5VisionTower(nn.Module):
         self.merge = int(cfg.spatial_merge_size)
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.temporal_patch_size, cfg.in_channels, cfg.hidden_size,
                                       bias=False)
-        self.blocks = nn.ModuleList([VisionBlock(cfg) for _ in range(cfg.depth)])
+        norm = partial(RMSNorm, eps=1e-6)
+        self.blocks = nn.ModuleList([VisionBlock(cfg.hidden_size, cfg.num_heads, norm, VisionMLP(cfg))
+                                     for _ in range(cfg.depth)])
         self.merger = PatchMerger(cfg.out_hidden_size, cfg.hidden_size, self.merge)
         self.full = set(cfg.fullatt_block_indexes)
         self.theta = float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0))

@@ -5,6 +5,7 @@ outputs of the blocks at `deepstack_visual_indexes`, each through its own merger
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -12,7 +13,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
 
-from engine.models.vision.common import PatchEmbed, VisionAttention, axial_cos_sin
+from engine.models.vision.common import PatchEmbed, VisionBlock, axial_cos_sin
 
 
 class VisionMLP(nn.Module):
@@ -24,19 +25,6 @@ class VisionMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(self.act(self.linear_fc1(x)))
-
-
-class VisionBlock(nn.Module):
-    def __init__(self, cfg: Any) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=1e-6)
-        self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=1e-6)
-        self.attn = VisionAttention(cfg.hidden_size, cfg.num_heads)
-        self.mlp = VisionMLP(cfg)
-
-    def forward(self, x: torch.Tensor, cu: list[int], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cu, cos, sin)
-        return x + self.mlp(self.norm2(x))
 
 
 class PatchMerger(nn.Module):
@@ -66,7 +54,9 @@ class Qwen3VisionTower(nn.Module):
                                       bias=True)
         self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.side = int(cfg.num_position_embeddings ** 0.5)
-        self.blocks = nn.ModuleList([VisionBlock(cfg) for _ in range(cfg.depth)])
+        norm = partial(nn.LayerNorm, eps=1e-6)
+        self.blocks = nn.ModuleList([VisionBlock(cfg.hidden_size, cfg.num_heads, norm, VisionMLP(cfg))
+                                     for _ in range(cfg.depth)])
         self.merger = PatchMerger(cfg, postshuffle=False)
         self.deepstack_indexes = list(cfg.deepstack_visual_indexes)
         self.deepstack_merger_list = nn.ModuleList([PatchMerger(cfg, postshuffle=True)
