@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ingress.coalesce import Coalescer
 from ingress.errors import Overloaded, WorkerLost, worker_failed
-from ingress.images import ImageBlob, ImageLimits, LazyImages, prepare_images
-from ingress.text import LazyText, TextSide
+from ingress.images import ImageBlob, ImageLimits, ImageSide, prepare_images
+from ingress.lazy import Lazy
+from ingress.text import TextSide
 from protocol import (
     DEFAULT_WEIGHT_VERSION,
     ChatPrompt,
@@ -164,9 +165,9 @@ class HandleBackend:
         self._info: ModelInfo | None = None
         self._info_at = 0.0
         self._info_refresh: asyncio.Task[None] | None = None
-        self._text = LazyText()
+        self._text: Lazy[TextSide] = Lazy(TextSide)
         self._warming: asyncio.Task[None] | None = None
-        self._images = LazyImages()
+        self._images: Lazy[ImageSide] = Lazy(ImageSide)
 
     async def model_info(self) -> ModelInfo:
         if self._info is None:
@@ -184,7 +185,11 @@ class HandleBackend:
             self._info_refresh = None
 
     async def _text_side(self) -> TextSide:
-        return await self._text.get(await self.model_info())
+        info = await self.model_info()
+        text = await self._text.get(info)
+        # The runtime limits (prompt_chars_per_token) follow the refreshed ModelInfo; the tokenizer stays.
+        text.info = info
+        return text
 
     async def _with_ids(self, req: GenerateRequest) -> GenerateRequest | GenerateChunk:
         """`req` with its text prompt tokenized here (the worker takes ids), or the 400 chunk that ends it when the

@@ -170,21 +170,6 @@ class ImageSide:
         return ImageData.of(pixels.tobytes(), int(pixels.shape[0]), int(pixels.shape[1]), (t, h, w))
 
 
-class LazyImages:
-    """An ImageSide made at the first request with images, once per replica."""
-
-    def __init__(self) -> None:
-        self._side: ImageSide | None = None
-        self._lock = asyncio.Lock()
-
-    async def get(self, info: ModelInfo) -> ImageSide:
-        if self._side is None:
-            async with self._lock:
-                if self._side is None:
-                    self._side = await asyncio.to_thread(ImageSide, info)
-        return self._side
-
-
 async def prepare_images(side: ImageSide, blobs: list[ImageBlob], limits: ImageLimits,
                          param: str) -> list[ImageData]:
     """The images of one request, off the event loop; the count is checked before any is opened."""

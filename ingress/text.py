@@ -14,7 +14,6 @@ the first request that needs text: importing the ingress loads neither transform
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -109,27 +108,6 @@ class TextSide:
             eos_token=text("eos_token"), eos_token_id=tok.eos_token_id, bos_token=text("bos_token"),
             bos_token_id=tok.bos_token_id, pad_token=text("pad_token"), pad_token_id=tok.pad_token_id,
             chat_template=text("chat_template"))
-
-
-class LazyText:
-    """A TextSide made at the first call that needs it (from the first ModelInfo), once per replica."""
-
-    def __init__(self) -> None:
-        self._text: TextSide | None = None
-        self._lock = asyncio.Lock()
-
-    async def get(self, info: ModelInfo) -> TextSide:
-        if self._text is None:
-            async with self._lock:
-                if self._text is None:
-                    self._text = await asyncio.to_thread(TextSide, info)
-        # The runtime limits (prompt_chars_per_token) follow the refreshed ModelInfo; the tokenizer stays.
-        self._text.info = info
-        return self._text
-
-    @property
-    def loaded(self) -> bool:
-        return self._text is not None
 
 
 def _strings(value: object) -> Iterator[str]:

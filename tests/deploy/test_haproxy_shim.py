@@ -20,6 +20,7 @@ import pytest
 
 from deploy.front_door import BINARY_ENV, front_door, real_haproxy
 from deploy.haproxy_shim import MARKER, PID_SUFFIX, Settings, is_ours, patch, reap, sha256_hex
+from tests.helpers.haproxy_cluster import listening
 
 HEADER_TIMEOUT_S = 2
 CONFIG_KEY, ENV_KEY = "k-config", "k-env"
@@ -208,14 +209,6 @@ def test_an_unexpected_config_still_starts_with_one_warning(tmp_path: Path) -> N
     assert len(warnings) == 1 and "http_frontend" in warnings[0] and config.read_text() == text
 
 
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
 def _shim_haproxy(run_dir: Path) -> tuple[list[str], int, Path]:
     """The command Ray runs for HAProxy (through the shim), its port and its config."""
     port = _free_port()
@@ -242,13 +235,13 @@ def test_haproxy_dies_with_the_process_that_started_it() -> None:
     manager = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
                                 "subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)\ntime.sleep(600)", *command])
     try:
-        assert _until(lambda: _listening(port))
+        assert _until(lambda: listening(port))
         (pid,) = [int(x) for x in Path(str(config) + PID_SUFFIX).read_text().split()]
         assert is_ours(pid, str(config))
     finally:
         manager.kill()
         manager.wait(10)
-    assert _until(lambda: not is_ours(pid, str(config))) and _until(lambda: not _listening(port))
+    assert _until(lambda: not is_ours(pid, str(config))) and _until(lambda: not listening(port))
 
 
 def test_reap_kills_what_the_shim_became_and_nothing_else() -> None:
@@ -256,7 +249,7 @@ def test_reap_kills_what_the_shim_became_and_nothing_else() -> None:
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
-        assert _until(lambda: _listening(port))
+        assert _until(lambda: listening(port))
         with open(str(config) + PID_SUFFIX, "a") as f:
             f.write(f"{bystander.pid}\n")  # a pid that is not (or no longer) a HAProxy of this config
         assert reap(str(config)) == [proc.pid]

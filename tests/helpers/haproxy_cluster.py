@@ -153,7 +153,8 @@ def _request_ids(port: int, value: bytes) -> tuple[str, list[str]]:
     return lines[0].decode("latin-1"), ids
 
 
-def _listening(port: int) -> bool:
+def listening(port: int) -> bool:
+    """Something accepts connections on 127.0.0.1:port."""
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
         return True
@@ -203,10 +204,10 @@ def after_stop(config: str, ports: list[int]) -> dict[str, Any]:
 
     recorded = _recorded_pids(config)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (any(is_ours(p, config) for p in recorded) or any(map(_listening, ports))):
+    while time.monotonic() < deadline and (any(is_ours(p, config) for p in recorded) or any(map(listening, ports))):
         time.sleep(0.5)
     alive = [int(p) for p in os.listdir("/proc") if p.isdigit() and is_ours(int(p), config)]
-    return {"recorded": recorded, "alive": alive, "listening": [p for p in ports if _listening(p)]}
+    return {"recorded": recorded, "alive": alive, "listening": [p for p in ports if listening(p)]}
 
 
 def main() -> None:

@@ -41,8 +41,8 @@ async def test_the_text_side_answers_as_the_served_tokenizer(smollm2_path: Path)
     assert (info.eos_token, info.eos_token_id, info.chat_template) == (tok.eos_token, tok.eos_token_id,
                                                                       tok.chat_template)
     # Loaded once, from the first ModelInfo; the worker was asked nothing but that (and its periodic refresh).
-    loaded = backend._text._text
-    assert loaded is not None and await backend.tokenize("again") and backend._text._text is loaded
+    loaded = backend._text.value
+    assert loaded is not None and await backend.tokenize("again") and backend._text.value is loaded
     assert handle.generate.responses == [] and handle.generate_whole.responses == []
 
 
