@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pickle
 import queue
 import traceback
 from collections.abc import Callable
@@ -29,12 +30,14 @@ def _rank_main(rank: int, size: int, address: str, cfg: dict[str, Any], job: Cal
         if rank:
             follower = Follower(config, group)
             follower.run()
-            out.put(("done", rank, follower.steps))
+            out.put(("done", rank, pickle.dumps(follower.steps)))
             return
         eng = LLMEngine(config, group)
         result = job(eng)
         eng.close()
-        out.put(("done", rank, result))
+        # Plain pickle copies tensors into the message: torch's queue pickler would hand over a file descriptor
+        # through a socket this process closes when it exits, which can be before the parent reads it.
+        out.put(("done", rank, pickle.dumps(result)))
     except BaseException:  # noqa: BLE001 - the parent raises it with the rank's traceback
         out.put(("error", rank, traceback.format_exc()))
 
@@ -56,7 +59,7 @@ def run_local(size: int, config: EngineConfig, job: Callable[[Any], Any], thread
             kind, rank, value = out.get(timeout=timeout_s)
             if kind == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
-            got[rank] = value
+            got[rank] = pickle.loads(value)
     except queue.Empty as exc:
         raise RuntimeError(f"the {size} ranks did not finish in {timeout_s} s") from exc
     finally:

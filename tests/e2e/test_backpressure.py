@@ -28,16 +28,27 @@ def test_serve_backpressure_is_503_with_retry_after_at_once(serve_url: str) -> N
     try:
         # A warm ingress: its tokenizer loaded (/tokenize needs no worker), as after Serve's first health check.
         assert httpx.post(url + "/tokenize", json={"prompt": "Count:"}, timeout=120).status_code == 200
-        # Long enough to still run when the refused requests arrive (~1 s later): seconds on any CPU.
-        # Ids, not text: the held requests reach the worker without the ingress's tokenizer in between, so they
-        # surely hold its slot and queue place before the refused ones are sent.
-        long = {"input_ids": [504, 3458, 282, 4649, 314], "max_tokens": 150, "ignore_eos": True}
-        held: list[httpx.Response] = []
-        threads = [threading.Thread(target=lambda: held.append(httpx.post(url + "/generate", json=long, timeout=300)))
-                   for _ in range(2)]  # one runs, one waits in Serve's queue
-        for t in threads:
-            t.start()
-            time.sleep(0.5)
+        # Long enough to still run when the refused requests arrive: seconds on any CPU. Ids, not text: the held
+        # requests reach the worker without the ingress's tokenizer in between. The first is streamed and its
+        # first event awaited, so it surely holds the worker's one slot before the second takes the queue place.
+        long = {"input_ids": [504, 3458, 282, 4649, 314], "max_tokens": 250, "ignore_eos": True}
+        held: list[int] = []
+        running = threading.Event()
+
+        def streamed() -> None:
+            with httpx.stream("POST", url + "/generate", json={**long, "stream": True}, timeout=300) as r:
+                for _ in r.iter_lines():
+                    running.set()
+                held.append(r.status_code)
+
+        def unary() -> None:
+            held.append(httpx.post(url + "/generate", json=long, timeout=300).status_code)
+
+        threads = [threading.Thread(target=streamed), threading.Thread(target=unary)]
+        threads[0].start()
+        assert running.wait(120), "the first held request never started"
+        threads[1].start()
+        time.sleep(1.0)  # the second reaches Serve's queue (the ingress forwards ids at once)
         refused = []
         for path, body in (("/generate", long), ("/v1/completions", {"prompt": "Count:", "max_tokens": 5})):
             t0 = time.monotonic()
@@ -50,6 +61,6 @@ def test_serve_backpressure_is_503_with_retry_after_at_once(serve_url: str) -> N
         assert g.json()["code"] == 503 and "max_queued_requests" in g.json()["message"]
         assert o.status_code == 503 and o.headers["retry-after"] == "1" and o.json()["error"]["code"] == 503
         assert g_s < 5 and o_s < 5  # refused at once, not after queuing (a generous bound for a loaded CI box)
-        assert [r.status_code for r in held] == [200, 200]
+        assert held == [200, 200]
     finally:
         serve.delete(app)
