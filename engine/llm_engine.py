@@ -305,4 +305,5 @@ class LLMEngine:
             prefix_cache_query_tokens=self.kv.stats.query_tokens, prefix_cache_hit_tokens=self.kv.stats.hit_tokens,
             prefix_cache_evictions=self.kv.stats.evictions, prefix_cache_blocks=len(self.kv.cached),
             queued_tokens=queued, running_tokens=running, steps=self.counters.steps,
-            hidden_store_rows=self.counters.hidden_store_rows)
+            hidden_store_rows=self.counters.hidden_store_rows,
+            vision_tower_runs=self.runner.vision.tower_runs if self.runner.vision is not None else 0)

@@ -40,6 +40,7 @@ class EngineStats:
     running_tokens: int  # context tokens of the running requests
     steps: int  # since start
     hidden_store_rows: int  # since start: scoring rows whose hidden state came from the store
+    vision_tower_runs: int  # since start: images put through the vision tower (0 for a text model)
 
 
 @dataclass(frozen=True)

@@ -112,3 +112,6 @@ class WorkerStats:
     stream_calls: int = 0
     # The pause's mode while generation is paused (SGLang's /pause_generation, vLLM's /pause), None while generating.
     paused: str | None = None
+    # Images put through the vision tower since start (engine/runner/vision.py): an image sent again whose blocks are
+    # all in the prefix cache adds none.
+    vision_tower_runs: int = 0

@@ -26,7 +26,7 @@ HONOURED_SHARED = (
     "return_flat_logprobs_b64",
 )
 HONOURED_COMPLETIONS = (*HONOURED_SHARED, "prompt", "echo")
-HONOURED_CHAT = (*HONOURED_SHARED, "messages", "max_completion_tokens", "top_logprobs")
+HONOURED_CHAT = (*HONOURED_SHARED, "messages", "max_completion_tokens", "top_logprobs", "echo")
 
 # Accepted and unused: they label a request for the caller's own bookkeeping and change nothing computed.
 ANNOTATIONS = ("user", "metadata", "store", "service_tier", "request_id", "session_id", "prompt_cache_key",

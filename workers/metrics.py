@@ -34,6 +34,8 @@ COUNTED_STATS: dict[str, tuple[Callable[[EngineStats], int], str]] = {
         lambda s: s.prefix_cache_hit_tokens, "Prompt tokens served from the prefix cache."),
     "rayscore_hidden_store_rows_total": (
         lambda s: s.hidden_store_rows, "Scoring rows served from the hidden-state store (only the LM head ran)."),
+    "rayscore_vision_tower_runs_total": (
+        lambda s: s.vision_tower_runs, "Images put through the vision tower (a cached image adds none)."),
     "rayscore_preemptions_total": (
         lambda s: s.preemptions, "Requests preempted (KV blocks freed, recomputed later)."),
     "rayscore_kv_evictions_total": (

@@ -36,4 +36,5 @@ def worker_stats(engine: AsyncEngine, whole_calls: int = 0, whole_requests: int 
                        queued=s.queued, queued_tokens=s.queued_tokens, refused=s.refused,
                        rss_bytes=rss, peak_rss_bytes=peak, stalled_s=engine.stalled_for(),
                        weight_version=engine.engine.weight_version, whole_calls=whole_calls, stream_calls=stream_calls,
-                       whole_requests=whole_requests, paused=engine.paused_mode)
+                       whole_requests=whole_requests, paused=engine.paused_mode,
+                       vision_tower_runs=s.vision_tower_runs)

@@ -56,6 +56,7 @@ class ChatSettings:
     """A validated chat body's settings with OpenAI's defaults applied (null = default)."""
 
     messages: list[dict[str, Any]]  # as the chat template takes them, an image part as IMAGE_MARKER
+    echo: str  # what the answer's content starts with (vLLM's chat echo): the last assistant message's text, or ""
     images: list[ImageBlob]  # the image parts' bytes, in order
     logprobs: int | None  # None: no logprobs; k >= 0: each token's own and k alternatives
     stream: bool
@@ -93,7 +94,8 @@ def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:
     k = (body.top_logprobs or 0) if body.logprobs else None
     check_logprobs(k, info, "logprobs" if body.top_logprobs is None else "top_logprobs")
     params = sampling_params(body, info, max_tokens or 1, k)
-    return ChatSettings(messages=messages, images=images, logprobs=k, stream=bool(body.stream),
+    return ChatSettings(messages=messages, echo=echo_text(body.messages) if body.echo else "", images=images,
+                        logprobs=k, stream=bool(body.stream),
                         include_usage=include_usage(body), max_tokens=max_tokens, params=params,
                         vllm=vllm_fields(body, info, params))
 
@@ -126,6 +128,17 @@ def template_messages(messages: list[ChatMessage]) -> tuple[list[dict[str, Any]]
         extra = {k: v for k in ("name", "tool_calls", "tool_call_id") if (v := getattr(m, k)) is not None}
         out.append({"role": m.role, "content": content, **extra})
     return out, images
+
+
+def echo_text(messages: list[ChatMessage]) -> str:
+    """vLLM's chat echo: the last message's text when it is the assistant's (the role the answer takes; the
+    assistant's turn is always opened), its text parts joined by newlines; else nothing."""
+    last = messages[-1]
+    if last.role != "assistant" or last.content is None:
+        return ""
+    if isinstance(last.content, str):
+        return last.content
+    return "\n".join(p.text for p in last.content if p.type == "text" and p.text is not None)
 
 
 class ChatRoutes:
@@ -166,7 +179,7 @@ class ChatRoutes:
         requests = [GenerateRequest(rid=cid, input_ids=prompt.ids, params=params, images=images or None)]
         if settings.vllm.prompt_logprobs is not None:  # its over-limit 400 names the field that asked
             check_limits(requests, batch.settings, info, param="prompt_logprobs")
-        choice = ChatChoice(prompt.ids, settings.logprobs, settings.vllm)
+        choice = ChatChoice(prompt.ids, settings.logprobs, settings.vllm, echo=settings.echo)
         if settings.stream:
             batch.open(requests, info)
             firsts = await batch.firsts()

@@ -62,7 +62,7 @@ def test_scoring_one_image_unchunked(family: str) -> None:
     eng = make_engine(path, max_num_batched_tokens=1000)
     out = eng.generate([ids], scoring(0), check=True, images=[images])[0]
     assert _diff(out.input_token_logprobs, ids, 0, vl_scores(path, ids, images, 0)) <= ATOL
-    assert eng.runner.vision is not None and eng.runner.vision.tower_runs == 1
+    assert eng.runner.vision is not None and eng.runner.vision.tower_runs == 1 == eng.stats().vision_tower_runs
     # The image is seen: another image behind the same placeholder ids scores differently.
     other = [image_input(family, random_image(150, 100, 99))]
     assert _diff(out.input_token_logprobs, ids, 0, vl_scores(path, ids, other, 0)) > 1e-3

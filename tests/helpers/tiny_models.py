@@ -17,14 +17,20 @@ CORPUS = [
 VOCAB = 320
 
 
-def _tokenizer(folder: Path) -> None:
+def _tokenizer(folder: Path, special: tuple[str, ...] = ()) -> None:
+    """The BPE tokenizer of VOCAB ids; `special` tokens (a vision-language model's image tokens) take the top ids, in
+    order, as added special tokens, so a text holding one tokenizes to its id."""
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 2, special_tokens=["<eos>", "<pad>"],
+    size = VOCAB - len(special) if special else VOCAB - 2  # (the trainer's size counts <eos> and <pad>)
+    trainer = trainers.BpeTrainer(vocab_size=size, special_tokens=["<eos>", "<pad>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(CORPUS, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
+    if special:
+        fast.add_special_tokens({"additional_special_tokens": list(special)})
+        assert fast.convert_tokens_to_ids(list(special)) == list(range(VOCAB - len(special), VOCAB)), "vocab short"
     fast.save_pretrained(folder)
 
 

@@ -19,8 +19,13 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from engine.multimodal.image_input import ImageInput
 from tests.helpers.tiny_models import VOCAB, _tokenizer
 
-# The placeholder ids sit at the top of the tiny vocabulary (the BPE tokenizer never produces them).
+# The placeholder ids sit at the top of the tiny vocabulary, the tokenizer's added special tokens with the Qwen
+# families' names (BPE never produces them from other text), below them Qwen's chat turn markers.
 VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN = VOCAB - 4, VOCAB - 3, VOCAB - 2, VOCAB - 1
+SPECIAL = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+# Qwen's chat template for a message whose content is text (an image part is already text here: the ingress's mark).
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 _TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6, eos_token_id=0, pad_token_id=1,
              bos_token_id=None)
@@ -33,7 +38,7 @@ def build_tiny_vlm(folder: Path, family: str, seed: int = 0, tie: bool = False) 
     """Writes config.json + model.safetensors + tokenizer into folder; returns folder. Qwen2.5-VL's window (56
     pixels: 2 x 2 merged tokens) is smaller than the test images, so window and full attention blocks differ."""
     folder.mkdir(parents=True, exist_ok=True)
-    _tokenizer(folder)
+    _tokenizer(folder, SPECIAL)
     torch.manual_seed(seed)
     model: torch.nn.Module
     if family == "qwen2_5_vl":

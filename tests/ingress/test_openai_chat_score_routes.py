@@ -9,6 +9,8 @@ import math
 
 import pytest
 
+from ingress.openai.chat import echo_text
+from ingress.openai.schemas.chat import ChatMessage
 from protocol import FinishReason, GenerateChunk, ModelInfo
 from tests.helpers.openai_fakes import INFO, Backend, call, error, sse, text_of, value
 
@@ -87,6 +89,25 @@ async def test_chat_stream_concatenates_to_the_answer():
     assert [d["finish_reason"] for d in deltas] == [None, None, "length"]
     assert all(c["usage"] is None for c in chunks[:-1])
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+
+
+async def test_chat_echo_starts_the_content_with_the_last_assistant_message():
+    """vLLM's chat echo: the last message's text when it is the assistant's (text parts joined by newlines), in the
+    message or the first delta; logprobs stay the generated tokens'; a last user message echoes nothing."""
+    turn = {"role": "assistant", "content": "It is a"}
+    body = {"messages": [*MESSAGES, turn], "echo": True, "max_completion_tokens": 2, "logprobs": True}
+    whole = (await chat(body)).json()["choices"][0]
+    plain = (await chat({**body, "echo": False})).json()["choices"][0]
+    assert whole["message"]["content"] == "It is a" + plain["message"]["content"]
+    assert whole["logprobs"] == plain["logprobs"] and len(whole["logprobs"]["content"]) == 2
+    deltas = [c["choices"][0] for c in sse(await chat({**body, "stream": True}))]
+    assert deltas[0]["delta"]["content"].startswith("It is a")
+    assert "".join(d["delta"]["content"] for d in deltas) == whole["message"]["content"]
+    user_last = (await chat({"echo": True, "max_completion_tokens": 2})).json()["choices"][0]
+    assert user_last["message"]["content"] == (await chat({"max_completion_tokens": 2})).json()[
+        "choices"][0]["message"]["content"]
+    parts = ChatMessage(role="assistant", content=[{"type": "text", "text": "It is"}, {"type": "text", "text": "a"}])
+    assert echo_text([parts]) == "It is\na"
 
 
 async def test_chat_stream_failure_is_an_error_event():

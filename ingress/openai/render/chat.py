@@ -25,6 +25,7 @@ class ChatChoice:
     prompt_ids: list[int]
     logprobs: int | None
     vllm: VllmFields | None = None
+    echo: str = ""  # the text the content starts with (chat `echo`): in the message, or the first delta
     started: bool = False
     completion_tokens: int = 0
 
@@ -79,10 +80,11 @@ class ChatChoice:
                                                                                     else ())]}
                        for j, (v, t) in enumerate(chunk.output_token_logprobs or ())]
             logprobs = {"content": content}
+        text = (self.echo if first else "") + chunk.text
         if stream:
-            key, message = "delta", ({"role": "assistant", "content": chunk.text} if first else {"content": chunk.text})
+            key, message = "delta", ({"role": "assistant", "content": text} if first else {"content": text})
         else:
-            key, message = "message", {"role": "assistant", "content": chunk.text}
+            key, message = "message", {"role": "assistant", "content": text}
         out = {"index": 0, key: message, "logprobs": logprobs, "finish_reason": finish_reason(chunk)}
         if self.vllm is not None and self.vllm.token_ids:
             out["token_ids"] = list(chunk.output_ids)

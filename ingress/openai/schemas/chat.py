@@ -53,6 +53,9 @@ class ChatBody(SamplingFields):
                                               "length. Takes precedence over `max_tokens`.")
     max_tokens: int | None = Field(None, description="Deprecated by OpenAI for `max_completion_tokens`; same "
                                    "meaning.")
+    echo: bool | None = Field(False, description="vLLM's: when the last message is the assistant's, the answer's "
+                              "content starts with its text (text parts joined by newlines); `logprobs` still "
+                              "cover the generated tokens only (the prompt's rows: `prompt_logprobs`).")
     logprobs: bool | None = Field(False, description="Return each generated token's logprob.")
     top_logprobs: int | None = Field(None, description="With `logprobs`: also the k (0-20) most likely tokens "
                                      "per position.")
