@@ -2,9 +2,9 @@
 
 The ingress renders the messages with the served tokenizer's chat template (the assistant's turn opened) and
 tokenizes them (ingress/text.py); the prompt is then one worker request, as /v1/completions sends it, with the same
-sampling rules, limits and error shapes. `logprobs` / `top_logprobs` come back as OpenAI's `logprobs.content[]`; with
-`stream`, `chat.completion.chunk` events carry `delta`s (the first names the role), then usage when asked
-for, then [DONE].
+sampling rules, limits and error shapes. `logprobs` / `top_logprobs` come back as OpenAI's `logprobs.content[]`
+(vLLM's `echo` only starts the answer's text with the last assistant message); with `stream`,
+`chat.completion.chunk` events carry `delta`s (the first names the role), then usage when asked for, then [DONE].
 """
 
 from __future__ import annotations
@@ -95,9 +95,8 @@ def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:
     check_logprobs(k, info, "logprobs" if body.top_logprobs is None else "top_logprobs")
     params = sampling_params(body, info, max_tokens or 1, k)
     return ChatSettings(messages=messages, echo=echo_text(body.messages) if body.echo else "", images=images,
-                        logprobs=k, stream=bool(body.stream),
-                        include_usage=include_usage(body), max_tokens=max_tokens, params=params,
-                        vllm=vllm_fields(body, info, params))
+                        logprobs=k, stream=bool(body.stream), include_usage=include_usage(body),
+                        max_tokens=max_tokens, params=params, vllm=vllm_fields(body, info, params))
 
 
 def template_messages(messages: list[ChatMessage]) -> tuple[list[dict[str, Any]], list[ImageBlob]]:
