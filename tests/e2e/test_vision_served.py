@@ -28,7 +28,7 @@ from ray import serve
 
 from engine.multimodal.image_input import ImageInput
 from protocol import expand_runs
-from tests.helpers.serve import app_args, wait_ready, worker_stats
+from tests.helpers.serve import app_args, sse_events, wait_ready, worker_stats
 from tests.helpers.tiny_vision import (
     CHAT_TEMPLATE,
     IMAGE_TOKEN,
@@ -170,6 +170,15 @@ def test_chat_with_an_image_cold_and_cached(app: Served) -> None:
         assert (after_hits - hits >= start + image.num_tokens) is not cold
         answers.append(out)
     assert answers[0]["choices"] == answers[1]["choices"]
+    # Streamed: the first delta starts with the echo, the deltas join to the same message, the tower stays idle.
+    runs, _ = _counters(app)
+    stream = {k: v for k, v in chat.items() if k not in ("prompt_logprobs", "return_token_ids")}
+    r = httpx.post(f"{app.url}/v1/chat/completions", json={**stream, "stream": True}, timeout=120)
+    assert r.status_code == 200, r.text
+    deltas = [e["choices"][0] for e in sse_events(r)[:-1]]
+    assert deltas[0]["delta"]["content"].startswith("It is")
+    assert "".join(d["delta"]["content"] for d in deltas) == answers[0]["choices"][0]["message"]["content"]
+    assert _counters(app)[0] == runs
 
 
 def test_sglang_image_data_beside_ids_and_text(app: Served) -> None:
