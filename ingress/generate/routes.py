@@ -28,7 +28,7 @@ from ingress.lifecycle import Batch, Lifecycle
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
 from ingress.sglang.routes import SGLangGenerate
-from ingress.sglang.schemas import body_schema
+from ingress.sglang.schemas import SGLangBody
 from ingress.sglang.translate import SamplingTypeError, parse
 from ingress.sse import SSE_DONE, sse_data
 from protocol import GenerateChunk
@@ -36,6 +36,12 @@ from rulebook import rules
 from rulebook import sglang as sg
 from rulebook.adapters import ADAPTER_TWICE
 from rulebook.sglang import LORA_PATHS_DIFFER
+
+
+def body_schema() -> dict[str, Any]:
+    """The request body of /generate for OpenAPI: either dialect's shape (both models are flat, so they inline)."""
+    return {"required": True, "content": {"application/json": {"schema": {"anyOf": [
+        GenerateBody.model_json_schema(), SGLangBody.model_json_schema()]}}}}
 
 
 class GenerateRoutes:
