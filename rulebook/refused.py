@@ -4,12 +4,13 @@ A field that changes what is computed and is not honoured is a 400 naming it, ne
 asks for a repetition penalty must not get an answer without one and believe it has it. Such a field is accepted only
 at a neutral value, one that computes nothing different (TRL sends `repetition_penalty: 1.0` on every generation).
 Each dialect lists its refused fields with why and their neutral values: the OpenAI routes (openai_fields.py),
-SGLang's /generate (sglang.py), vLLM's token-in route (vllm_generate.py) and the seed's /generate
-(generate_fields.py); each decides which of a body's fields it looks up, and `refusal` judges them all alike.
+SGLang's /generate and /update_weights_from_disk (sglang.py), vLLM's token-in route (vllm_generate.py) and the seed's
+/generate (generate_fields.py); each decides which of a body's fields it looks up, and `refusal` judges them alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,3 +80,10 @@ def refusal(name: str, value: Any, rule: Refused, doc: str) -> Violation | None:
     return Violation(REFUSED.format(name=name, value=quote(repr(value)), why=rule.why,
                                     neutral=neutral_text(rule.neutral), doc=doc), param=name)
 
+
+def first_refusal(fields: Mapping[str, Any], table: Mapping[str, Refused], doc: str) -> Violation | None:
+    """The first field of `table` (in its order) that `fields` holds at a value it refuses."""
+    for name, rule in table.items():
+        if name in fields and (broken := refusal(name, fields[name], rule, doc)) is not None:
+            return broken
+    return None

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, get_args
 
 from protocol.control import PauseMode
-from rulebook.refused import Refused, Why, refusal
+from rulebook.refused import Refused, Why, first_refusal, refusal
 from rulebook.rules import Violation
 
 # Top-level fields of the seed's shape that SGLang's shape puts inside `sampling_params` (or calls `text`).
@@ -136,10 +136,7 @@ def mixed_shapes(body: Mapping[str, Any]) -> Violation | None:
 
 def unsupported_field(body: Mapping[str, Any]) -> Violation | None:
     """The first top-level SGLang field set to something this server cannot do."""
-    for name, rule in UNSUPPORTED_FIELDS.items():
-        if name in body and (broken := refusal(name, body[name], rule, DOC)) is not None:
-            return broken
-    return None
+    return first_refusal(body, UNSUPPORTED_FIELDS, DOC)
 
 
 def unknown_field(body: Mapping[str, Any], declared: Iterable[str]) -> Violation | None:
@@ -212,18 +209,13 @@ def abort_target(rid: str, abort_all: bool) -> Violation | None:
 
 
 # SGLang's /update_weights_from_disk fields this server cannot honour as set (the others change nothing here).
-UPDATE_REFUSED = "The {name} {value!r} is not supported by /update_weights_from_disk here: {why}."
+UPDATE_REFUSED: Mapping[str, Refused] = {
+    "load_format": Refused("weights load from safetensors", ("auto",)),
+    "keep_pause": Refused("the server resumes after an update (POST /pause_generation pauses it)", (False,)),
+    "manifest": Refused("tensor manifests are not read"),
+}
 
 
-def update_refusal(load_format: str | None, keep_pause: bool, manifest: Mapping[str, Any] | None) -> Violation | None:
-    if load_format not in (None, "auto"):
-        return Violation(UPDATE_REFUSED.format(name="load_format", value=load_format,
-                                               why="weights load from safetensors (null or \"auto\")"), "load_format")
-    if keep_pause:
-        return Violation(UPDATE_REFUSED.format(name="keep_pause", value=keep_pause,
-                                               why="the server resumes after an update (POST /pause_generation "
-                                                   "pauses it)"), "keep_pause")
-    if manifest is not None:
-        return Violation(UPDATE_REFUSED.format(name="manifest", value="{...}", why="tensor manifests are not read"),
-                         "manifest")
-    return None
+def update_refusal(fields: Mapping[str, Any]) -> Violation | None:
+    """The first of an update's fields set to something this server cannot do (docs/api.md lists them)."""
+    return first_refusal(fields, UPDATE_REFUSED, "docs/api.md")

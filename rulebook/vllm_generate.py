@@ -41,8 +41,9 @@ REFUSED_SAMPLING: Mapping[str, Refused] = {
     "return_routed_experts": Refused(Why.ROUTED_EXPERTS, (False,)),
 }
 HONOURED_BODY = ("request_id", "token_ids", "sampling_params", "model", "stream", "stream_options",
-                 "return_token_ids", "output_mode")
+                 "return_token_ids")
 REFUSED_BODY: Mapping[str, Refused] = {
+    "output_mode": Refused("the answer is token ids (POST /detokenize decodes them)", ("tokens",)),
     "cache_salt": Refused(Why.SHARED_CACHE), "priority": Refused(Why.ARRIVAL_ORDER, (0,)),
     "kv_transfer_params": Refused(Why.DISAGGREGATION), "ec_transfer_params": Refused(Why.DISAGGREGATION),
     "features": Refused("multimodal features are not taken: prompts are token ids"),
@@ -52,8 +53,6 @@ REFUSED_BODY: Mapping[str, Refused] = {
 
 UNKNOWN = ("Unknown field `{name}`: vLLM's /inference/v1/generate does not have it, and this server refuses it "
            "rather than ignore it (docs/vllm.md).")
-TEXT_MODE = ("output_mode='text' is not supported by this server: use output_mode='tokens' (the ids; "
-             "POST /detokenize decodes them).")
 BOTH_ID_FORMS = ("sampling_params.logprob_token_ids and prompt_logprob_token_ids on one request are not supported "
                  "by this server: send them as two requests.")
 PROMPT_IDS_STREAM = "prompt_logprob_token_ids are not available when stream=true."

@@ -60,8 +60,6 @@ def check_fields(raw: Mapping[str, Any]) -> None:
 
 def parse(body: TokenGenerateBody, info: ModelInfo, max_logprobs: int) -> TokenRequest:
     """The body's canonical request; raise InvalidRequest with the first rule it breaks."""
-    if body.output_mode != "tokens":
-        raise InvalidRequest(vg.TEXT_MODE, param="output_mode")
     sp = body.sampling_params
     if any(t < 0 for t in body.token_ids):
         raise InvalidRequest(vg.NEGATIVE_IDS, param="token_ids")

@@ -129,7 +129,7 @@ async def test_stream(client: httpx.AsyncClient) -> None:
     ({"repetition_penalty": 1.3}, {}, "sampling_params.repetition_penalty", "is not supported by this server"),
     ({"prompt_logprob": 1}, {}, "sampling_params.prompt_logprob", "Unknown field"),
     ({}, {"cache_salt": "abc"}, "cache_salt", "is not supported by this server"),
-    ({}, {"output_mode": "text"}, "output_mode", "output_mode='text' is not supported"),
+    ({}, {"output_mode": "text"}, "output_mode", "`output_mode`='text' is not supported"),
     ({"n": 2}, {}, "sampling_params.n", "one choice per prompt"),
     ({"logprobs": 2, "logprob_token_ids": [1, 2, 3]}, {}, "logprob_token_ids",
      "logprobs must equal len(logprob_token_ids)"),

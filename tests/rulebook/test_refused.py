@@ -21,6 +21,7 @@ DIALECTS: dict[str, tuple[Mapping[str, Refused], Check, str, str]] = {
     "sglang": (sglang.UNSUPPORTED_FIELDS, lambda n, v: sglang.unsupported_field({n: v}), "", "docs/sglang.md"),
     "sglang-sampling": (sglang.UNSUPPORTED_SAMPLING, lambda n, v: sglang.unsupported_sampling({n: v}),
                         "sampling_params.", "docs/sglang.md"),
+    "sglang-update": (sglang.UPDATE_REFUSED, lambda n, v: sglang.update_refusal({n: v}), "", "docs/api.md"),
     "vllm": (vllm_generate.REFUSED_BODY, lambda n, v: vllm_generate.field_violation(
         n, v, vllm_generate.HONOURED_BODY, vllm_generate.REFUSED_BODY), "", "docs/vllm.md"),
     "vllm-sampling": (vllm_generate.REFUSED_SAMPLING, lambda n, v: vllm_generate.field_violation(
