@@ -6,7 +6,8 @@
 Each generated section sits between `<!-- NAME:start -->` and `<!-- NAME:end -->` in its page:
 - docs/configuration.md `config`: every field of deploy/config.py's AppConfig with its type, default and
   description, and `shipped`: what each configs/*.yaml sets in its applications' `args:`;
-- docs/api.md `messages`: every 400 message of rulebook/ (rules.py, limits.py, images.py, the sampling table);
+- docs/api.md `messages`: every 400 message of rulebook/ (rules.py, generate_fields.py, refused.py, limits.py,
+  images.py, the sampling table);
 - docs/performance.md `reports`: the dated runs of bench/reports/;
 and docs/index.md, the site's home, is README.md with its links made relative to docs/.
 This lives at the deploy edge because AppConfig is here; it reads rulebook/ as data.
@@ -24,7 +25,7 @@ from typing import Any
 import yaml
 
 from deploy.config import AppConfig
-from rulebook import images, limits, rules
+from rulebook import generate_fields, images, limits, refused, rules
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +86,7 @@ def report_list() -> str:
 def messages() -> list[tuple[str, str]]:
     """(where, template) of every user-facing message of the rulebook, in the modules' order."""
     found: list[tuple[str, str]] = []
-    for module in (rules, limits, images):
+    for module in (rules, generate_fields, refused, limits, images):
         for name, value in vars(module).items():
             if name.isupper() and isinstance(value, str):
                 found.append((f"{module.__name__}.{name}", value))

@@ -6,15 +6,10 @@ from __future__ import annotations
 UNKNOWN_MODEL = "The model `{model}` does not exist: this server serves `{served}` (GET /v1/models)."
 LOGPROBS_MODE = "logprobs requires the server's raw_logprobs or processed_logprobs mode; it runs {mode}."
 STREAM_OPTIONS = "stream_options requires stream=true."
-N_UNSUPPORTED = "n={n} is not supported: this server returns one choice per prompt, so n must be 1."
-LOGIT_BIAS = "logit_bias is not supported by this server."
-PENALTY_UNSUPPORTED = "{name}={value} is not supported: only 0."
 PROMPT_NO_TOKENS = "{where} has no tokens."
 PROMPT_TOKEN_RANGE = "{where} holds token id {bad}, out of range for the vocabulary size {vocab_size}."
 PROMPT_AT = "The prompt at index {index}"
 # /v1/chat/completions
-TOOLS = "tools are not supported by this server."
-RESPONSE_FORMAT = "response_format is not supported by this server: only {\"type\": \"text\"}."
 MAX_TOKENS_POSITIVE = "The {name} {value} must be a positive integer."
 TOP_NEEDS_LOGPROBS = "top_logprobs requires logprobs=true."
 NO_MESSAGES = "messages must not be empty."
@@ -22,8 +17,6 @@ MESSAGE_PART = ("The message at index {i} has a `{kind}` part: this server takes
                 "(docs/multimodal.md).")
 IMAGE_PART = "The message at index {i} has an `image_url` part without `image_url.url`."
 # /v1/completions
-BEST_OF = "best_of={value} is not supported: only 1."
-SUFFIX = "suffix is not supported by this server."
 ZERO_NEEDS_ECHO = "max_tokens 0 requires echo=true: it returns the prompt's logprobs only."
 EMPTY_PROMPT = "The prompt must not be empty."
 EMPTY_PROMPT_AT = "The prompt at index {i} must not be empty."

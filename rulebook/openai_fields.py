@@ -5,17 +5,18 @@ which it refuses, and which it accepts without use: the one list, read by the in
 A field that changes what is computed and is not honoured is a 400 naming it, never silently dropped: a client that
 asks for a repetition penalty must not get an answer without one and believe it has it. A refused field is accepted
 only at its neutral value (the one that computes nothing different: TRL sends `repetition_penalty: 1.0` on every
-generation). Fields that only annotate a request (`user`, `metadata`) are accepted and unused. Any other field is
-unknown here and refused too: a typo such as `prompt_logprob` would otherwise vanish the same way.
+generation), judged as every dialect's refused fields are (refused.py), whether the body declares it (`n`, the
+penalties, `tools`, ...) or not. Fields that only annotate a request (`user`, `metadata`) are accepted and unused.
+Any other field is unknown here and refused too: a typo such as `prompt_logprob` would otherwise vanish the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from rulebook.rules import Violation, is_neutral
+from rulebook.refused import Refused, Why, refusal
+from rulebook.rules import Violation
 
 # Declared by the request bodies (ingress/openai/schemas) and honoured. A test holds the bodies' declared fields to
 # these lists plus REFUSED's declared ones.
@@ -33,27 +34,18 @@ ANNOTATIONS = ("user", "metadata", "store", "service_tier", "request_id", "sessi
                "safety_identifier", "stream_interval")
 
 
-@dataclass(frozen=True)
-class Refused:
-    """A known field this server does not implement: accepted only at one of its neutral values."""
-
-    why: str
-    neutral: tuple[Any, ...] = (None,)
-
-
-_NO_PENALTY = "penalties are not implemented"
-_NO_GRAMMAR = "constrained decoding is not implemented"
 _NO_TOOLS = "tool calling is not implemented"
+# Known fields this server does not implement, declared by the bodies or not: each a 400 naming it unless neutral.
 REFUSED: Mapping[str, Refused] = {
-    # OpenAI's own, declared by the bodies (their historical messages are in ingress/openai/validation.py).
-    "n": Refused("one choice per prompt", (None, 1)),
-    "best_of": Refused("one choice per prompt", (None, 1)),
-    "logit_bias": Refused("logit biases are not implemented", (None, {})),
-    "presence_penalty": Refused(_NO_PENALTY, (None, 0, 0.0)),
-    "frequency_penalty": Refused(_NO_PENALTY, (None, 0, 0.0)),
+    # OpenAI's own, declared by the bodies.
+    "n": Refused(Why.ONE_CHOICE, (None, 1)),
+    "best_of": Refused(Why.ONE_CHOICE, (None, 1)),
+    "logit_bias": Refused(Why.LOGIT_BIAS, (None, {})),
+    "presence_penalty": Refused(Why.PENALTY, (None, 0, 0.0)),
+    "frequency_penalty": Refused(Why.PENALTY, (None, 0, 0.0)),
     "suffix": Refused("insertion is not implemented"),
     "tools": Refused(_NO_TOOLS, (None, [])),
-    "response_format": Refused(_NO_GRAMMAR, (None, {"type": "text"})),
+    "response_format": Refused(Why.GRAMMAR, (None, {"type": "text"})),
     # OpenAI's, not declared.
     "tool_choice": Refused(_NO_TOOLS, (None, "none")),
     "functions": Refused(_NO_TOOLS, (None, [])),
@@ -62,14 +54,14 @@ REFUSED: Mapping[str, Refused] = {
     "modalities": Refused("the served model is text-only", (None, ["text"])),
     "audio": Refused("the served model is text-only"),
     "prediction": Refused("predicted outputs are not implemented"),
-    "reasoning_effort": Refused("reasoning controls are not implemented"),
+    "reasoning_effort": Refused(Why.REASONING),
     "verbosity": Refused("verbosity controls are not implemented"),
     "web_search_options": Refused("web search is not implemented"),
     # vLLM's extensions.
-    "repetition_penalty": Refused(_NO_PENALTY, (None, 1, 1.0)),
+    "repetition_penalty": Refused(Why.PENALTY, (None, 1, 1.0)),
     "length_penalty": Refused("beam search is not implemented", (None, 1, 1.0)),
     "use_beam_search": Refused("beam search is not implemented", (None, False)),
-    "min_tokens": Refused("a minimum length is not implemented", (None, 0)),
+    "min_tokens": Refused(Why.MIN_LENGTH, (None, 0)),
     "bad_words": Refused("banned words are not implemented", (None, [])),
     "allowed_token_ids": Refused("allow-lists are not implemented"),
     "truncate_prompt_tokens": Refused("prompts are never truncated: a long one is a 400", (None,)),
@@ -82,55 +74,44 @@ REFUSED: Mapping[str, Refused] = {
     "chat_template_kwargs": Refused("the served tokenizer's chat template is used", (None, {})),
     "documents": Refused("retrieval documents are not implemented"),
     "mm_processor_kwargs": Refused("the served model is text-only"),
-    "prompt_embeds": Refused("prompts are text or token ids"),
-    "structured_outputs": Refused(_NO_GRAMMAR),
-    "guided_json": Refused(_NO_GRAMMAR),
-    "guided_regex": Refused(_NO_GRAMMAR),
-    "guided_choice": Refused(_NO_GRAMMAR),
-    "guided_grammar": Refused(_NO_GRAMMAR),
-    "guided_decoding_backend": Refused(_NO_GRAMMAR),
-    "structural_tag": Refused(_NO_GRAMMAR),
+    "prompt_embeds": Refused(Why.IDS_OR_TEXT),
+    "structured_outputs": Refused(Why.GRAMMAR),
+    "guided_json": Refused(Why.GRAMMAR),
+    "guided_regex": Refused(Why.GRAMMAR),
+    "guided_choice": Refused(Why.GRAMMAR),
+    "guided_grammar": Refused(Why.GRAMMAR),
+    "guided_decoding_backend": Refused(Why.GRAMMAR),
+    "structural_tag": Refused(Why.GRAMMAR),
     "watermarking": Refused("watermarking is not implemented", (None, False)),
-    "spaces_between_special_tokens": Refused("detokenization keeps the tokenizer's default", (None, True)),
-    "priority": Refused("requests are served in arrival order", (None, 0)),
-    "cache_salt": Refused("the prefix cache is shared by every request of a deployment"),
-    "kv_transfer_params": Refused("disaggregated serving is not implemented"),
-    "vllm_xargs": Refused("custom extensions are not implemented"),
-    "thinking_token_budget": Refused("reasoning controls are not implemented"),
+    "spaces_between_special_tokens": Refused(Why.DEFAULT_SPACING, (None, True)),
+    "priority": Refused(Why.ARRIVAL_ORDER, (None, 0)),
+    "cache_salt": Refused(Why.SHARED_CACHE),
+    "kv_transfer_params": Refused(Why.DISAGGREGATION),
+    "vllm_xargs": Refused(Why.EXTENSIONS),
+    "thinking_token_budget": Refused(Why.REASONING),
     "repetition_detection": Refused("repetition detection is not implemented"),
     "return_token_offsets": Refused("only the /render routes of vLLM return offsets", (None, False)),
     # SGLang's extensions of the same routes.
-    "regex": Refused(_NO_GRAMMAR),
-    "json_schema": Refused(_NO_GRAMMAR),
-    "ebnf": Refused(_NO_GRAMMAR),
-    "min_new_tokens": Refused("a minimum length is not implemented", (None, 0)),
+    "regex": Refused(Why.GRAMMAR),
+    "json_schema": Refused(Why.GRAMMAR),
+    "ebnf": Refused(Why.GRAMMAR),
+    "min_new_tokens": Refused(Why.MIN_LENGTH, (None, 0)),
     "no_stop_trim": Refused("stop strings are trimmed (include_stop_str_in_output keeps them)", (None, False)),
     "lora_path": Refused("on this route an adapter is chosen by `model` (its name)"),
-    "return_hidden_states": Refused("hidden states are not returned", (None, False)),
-    "separate_reasoning": Refused("reasoning is not parsed", (None, False)),
-    "stream_reasoning": Refused("reasoning is not parsed", (None, True, False)),
-    "session_params": Refused("sessions are not implemented"),
+    "return_hidden_states": Refused(Why.HIDDEN_STATES, (None, False)),
+    "separate_reasoning": Refused(Why.NOT_PARSED, (None, False)),
+    "stream_reasoning": Refused(Why.NOT_PARSED, (None, True, False)),
+    "session_params": Refused(Why.SESSIONS),
     "rid": Refused("request ids are the server's (X-Request-ID)"),
 }
 
 UNKNOWN_FIELD = ("Unknown field `{name}`: this server does not know it, and refuses it rather than ignore it "
                  "(docs/vllm.md lists the fields it honours and accepts).")
-REFUSED_FIELD = ("`{name}`={value!r} is not supported by this server: {why}. Only {neutral} is accepted "
-                 "(docs/vllm.md).")
-
-
-def _neutral_text(neutral: tuple[Any, ...]) -> str:
-    shown = ["null" if v is None else repr(v) for v in neutral]
-    return " or ".join(shown)
 
 
 def refused_value(name: str, value: Any) -> Violation | None:
-    """A refused field at a value other than its neutral ones (bool and int kept apart: True is not 1)."""
-    rule = REFUSED[name]
-    if is_neutral(value, rule.neutral):  # every REFUSED rule lists None among its neutral values
-        return None
-    return Violation(REFUSED_FIELD.format(name=name, value=value, why=rule.why, neutral=_neutral_text(rule.neutral)),
-                     param=name)
+    """A refused field at a value other than its neutral ones."""
+    return refusal(name, value, REFUSED[name], "docs/vllm.md")
 
 
 def undeclared_field(name: str, value: Any) -> Violation | None:

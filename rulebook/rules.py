@@ -53,17 +53,6 @@ START_NEEDS_IDS = "logprob_start_len requires input_ids."
 # A /generate batch (a list of prompts or of id lists).
 EMPTY_BATCH = "The prompt must not be an empty list"
 
-# Fields a body of the seed's shape may carry besides its own. LMDeploy's /generate (the shape's anchor) sends these;
-# they label the request or change nothing this server computes (fast tokenizers decode special tokens' spacing the
-# same either way), so they are accepted and unused.
-NO_EFFECT_FIELDS = ("session_id", "spaces_between_special_tokens")
-# LMDeploy's fields that would change the answer and are not implemented: accepted only at their neutral values.
-NEUTRAL_ONLY_FIELDS: dict[str, tuple[Any, ...]] = {"repetition_penalty": (1, 1.0), "return_routed_experts": (False,)}
-UNKNOWN_FIELD = ("Unknown field `{name}`: /generate does not know it, and refuses it rather than ignore it "
-                 "(docs/api.md lists the fields of both its shapes).")
-NOT_NEUTRAL = ("`{name}`={value!r} is not supported by this server: it would change the answer. Only {neutral} is "
-               "accepted.")
-
 @dataclass(frozen=True)
 class Violation:
     """A broken rule: its message, and the request field it concerns (None: the request as a whole)."""
@@ -87,36 +76,6 @@ class Sampling(Protocol):
     logprob_start_len: int
     stop: list[str]
     stop_token_ids: list[int]
-
-
-def is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
-    """A field's value that computes nothing different: None, or equal to one of `neutral` as the same kind of
-    value (a bool only to a bool, True is not 1; a number to any number, 1 is 1.0; anything else to its own type)."""
-    if value is None:
-        return True
-    for v in neutral:
-        if isinstance(value, bool) or isinstance(v, bool):
-            if type(value) is type(v) and value == v:
-                return True
-        elif isinstance(value, (int, float)) and isinstance(v, (int, float)):
-            if value == v:
-                return True
-        elif type(value) is type(v) and value == v:
-            return True
-    return False
-
-
-def undeclared_field(name: str, value: Any) -> Violation | None:
-    """A field the seed's /generate body does not declare: accepted if it changes nothing, refused unless neutral
-    if it would, refused if unknown (a typo such as `logprob_start` would otherwise vanish, and the answer with it)."""
-    if name in NO_EFFECT_FIELDS:
-        return None
-    neutral = NEUTRAL_ONLY_FIELDS.get(name)
-    if neutral is None:
-        return Violation(UNKNOWN_FIELD.format(name=name), param=name)
-    if is_neutral(value, neutral):
-        return None
-    return Violation(NOT_NEUTRAL.format(name=name, value=value, neutral=" or ".join(map(repr, neutral))), param=name)
 
 
 def empty_ids(ids: Sequence[int]) -> Violation | None:

@@ -2,8 +2,8 @@
 
 A body is SGLang's when it has `sampling_params` or `text` (the seed's LMDeploy shape has neither); its fields are
 SGLang's `GenerateReqInput` and `SamplingParams` (python/sglang/srt/managers/io_struct.py, sampling/sampling_params.py).
-Every SGLang field this server cannot honour is refused by name when it is set to anything but its no-op value,
-never silently ignored: each of them would change the answer. Pure, like rules.py.
+Every SGLang field this server cannot honour is refused by name (refused.py) when it is set to anything but its no-op
+value, never silently ignored: each of them would change the answer. Pure, like rules.py.
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any, get_args
 
 from protocol.control import PauseMode
-from rulebook.images import quote
+from rulebook.refused import Refused, Why, first_refusal, refusal
 from rulebook.rules import Violation
 
 # Top-level fields of the seed's shape that SGLang's shape puts inside `sampling_params` (or calls `text`).
 SEED_ONLY_FIELDS = ("prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                     "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
+# The page that lists the dialect's fields.
+DOC = "docs/sglang.md"
 # What marks a body as SGLang's.
 SGLANG_MARKERS = ("sampling_params", "text")
 
@@ -30,21 +32,34 @@ MIXED_SHAPES = ("The body mixes SGLang's /generate shape ({markers}) with fields
 HONOURED_SAMPLING = frozenset({
     "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos",
     "skip_special_tokens", "no_stop_trim", "n", "sampling_seed", "spaces_between_special_tokens"})
-# sampling_params fields of SGLang's this server does not implement, with the values that mean "off" (accepted).
-UNSUPPORTED_SAMPLING: Mapping[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
-    "min_new_tokens": (0,), "json_schema": (), "regex": (), "ebnf": (), "structural_tag": (), "stop_regex": (),
-    "custom_params": (), "logit_bias": ({},), "stream_interval": (1,)}
-# Top-level fields of SGLang's GenerateReqInput this server does not implement, with their "off" values.
-UNSUPPORTED_FIELDS: Mapping[str, tuple[Any, ...]] = {
-    "input_embeds": (), "video_data": ([],), "audio_data": ([],),
-    "lora_id": (), "session_params": (), "custom_logit_processor": (), "return_hidden_states": (False,),
-    "return_routed_experts": (False,), "return_indexer_topk": (False,), "return_sampling_mask": (False,),
-    "return_flat_raw_top_logprobs": (False,), "return_flat_raw_top_logprobs_b64": (False,),
-    "return_entropy": (False,), "return_bytes": (False,), "return_prompt_token_ids": (False,),
-    "positional_embed_overrides": (), "multi_item_delimiter_indices": (), "max_thinking_tokens": (),
-    "require_reasoning": (False,), "priority": (), "bootstrap_host": (), "bootstrap_port": (), "bootstrap_room": (),
-    "bootstrap_pair_key": (), "mm_hashes": (), "mm_content_hashes": (), "modalities": (), "background": (False,)}
+# sampling_params fields of SGLang's this server does not implement, refused unless "off".
+UNSUPPORTED_SAMPLING: Mapping[str, Refused] = {
+    "frequency_penalty": Refused(Why.PENALTY, (0, 0.0)), "presence_penalty": Refused(Why.PENALTY, (0, 0.0)),
+    "repetition_penalty": Refused(Why.PENALTY, (1, 1.0)), "min_new_tokens": Refused(Why.MIN_LENGTH, (0,)),
+    "json_schema": Refused(Why.GRAMMAR), "regex": Refused(Why.GRAMMAR), "ebnf": Refused(Why.GRAMMAR),
+    "structural_tag": Refused(Why.GRAMMAR), "stop_regex": Refused("stop regexes are not implemented"),
+    "custom_params": Refused(Why.LOGIT_PROCESSORS), "logit_bias": Refused(Why.LOGIT_BIAS, ({},)),
+    "stream_interval": Refused(Why.EVERY_TOKEN, (1,))}
+_NO_MEDIA = "video and audio input are not implemented"
+_NOT_RETURNED = "this server does not return it"
+# Top-level fields of SGLang's GenerateReqInput this server does not implement, refused unless "off".
+UNSUPPORTED_FIELDS: Mapping[str, Refused] = {
+    "input_embeds": Refused(Why.IDS_OR_TEXT), "video_data": Refused(_NO_MEDIA, ([],)),
+    "audio_data": Refused(_NO_MEDIA, ([],)), "lora_id": Refused("an adapter is chosen by lora_path (its name)"),
+    "session_params": Refused(Why.SESSIONS), "custom_logit_processor": Refused(Why.LOGIT_PROCESSORS),
+    "return_hidden_states": Refused(Why.HIDDEN_STATES, (False,)),
+    "return_routed_experts": Refused(Why.ROUTED_EXPERTS, (False,)),
+    **{name: Refused(_NOT_RETURNED, (False,)) for name in (
+        "return_indexer_topk", "return_sampling_mask", "return_flat_raw_top_logprobs",
+        "return_flat_raw_top_logprobs_b64", "return_entropy", "return_bytes", "return_prompt_token_ids")},
+    "positional_embed_overrides": Refused("positions are the prompt's own"),
+    "multi_item_delimiter_indices": Refused("multi-item scoring is not implemented"),
+    "max_thinking_tokens": Refused(Why.REASONING), "require_reasoning": Refused(Why.REASONING, (False,)),
+    "priority": Refused(Why.ARRIVAL_ORDER),
+    **{name: Refused(Why.DISAGGREGATION) for name in (
+        "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key")},
+    **{name: Refused("images are read from image_data") for name in ("mm_hashes", "mm_content_hashes", "modalities")},
+    "background": Refused("requests are answered in the foreground", (False,))}
 
 # Top-level fields of SGLang's GenerateReqInput that route, label or log a request, or isolate its cache entries:
 # they change nothing this server computes, so they are accepted and unused (a router such as sgl-model-gateway
@@ -57,8 +72,6 @@ NO_EFFECT_FIELDS = frozenset({
 UNKNOWN_FIELD = ("Unknown field `{name}`: it is not a field of SGLang's /generate that this server knows, and it is "
                  "refused rather than ignored (docs/sglang.md lists the fields).")
 
-UNSUPPORTED = ("The {where}{name} ({value}) is not supported by this server: it would change the answer, and is "
-               "never silently ignored. Remove it{off}.")
 ONE_PROMPT = "You must specify exactly one of text or input_ids."
 EMPTY_LIST = "The {field} must not be an empty list"
 UNKNOWN_SAMPLING = "The sampling_params.{name} is not a field of SGLang's sampling parameters."
@@ -121,21 +134,9 @@ def mixed_shapes(body: Mapping[str, Any]) -> Violation | None:
     return Violation(MIXED_SHAPES.format(markers=markers, fields=", ".join(seed)), param=seed[0])
 
 
-def _is_off(value: Any, off: tuple[Any, ...]) -> bool:
-    return value is None or any(value == o and type(value) is type(o) for o in off)
-
-
-def _off_hint(off: tuple[Any, ...]) -> str:
-    return f" or set it to {off[0]!r}" if off else ""
-
-
 def unsupported_field(body: Mapping[str, Any]) -> Violation | None:
     """The first top-level SGLang field set to something this server cannot do."""
-    for name, off in UNSUPPORTED_FIELDS.items():
-        if name in body and not _is_off(body[name], off):
-            return Violation(UNSUPPORTED.format(where="", name=name, value=quote(body[name]), off=_off_hint(off)),
-                             name)
-    return None
+    return first_refusal(body, UNSUPPORTED_FIELDS, DOC)
 
 
 def unknown_field(body: Mapping[str, Any], declared: Iterable[str]) -> Violation | None:
@@ -151,13 +152,11 @@ def unsupported_sampling(params: Mapping[str, Any]) -> Violation | None:
     for name, value in params.items():
         if name in HONOURED_SAMPLING:
             continue
-        off = UNSUPPORTED_SAMPLING.get(name)
-        if off is None:
+        rule = UNSUPPORTED_SAMPLING.get(name)
+        if rule is None:
             return Violation(UNKNOWN_SAMPLING.format(name=name), param=f"sampling_params.{name}")
-        if not _is_off(value, off):
-            return Violation(UNSUPPORTED.format(where="sampling_params.", name=name, value=quote(value),
-                                                off=_off_hint(off)),
-                             param=f"sampling_params.{name}")
+        if (broken := refusal(f"sampling_params.{name}", value, rule, DOC)) is not None:
+            return broken
     return None
 
 
@@ -210,18 +209,13 @@ def abort_target(rid: str, abort_all: bool) -> Violation | None:
 
 
 # SGLang's /update_weights_from_disk fields this server cannot honour as set (the others change nothing here).
-UPDATE_REFUSED = "The {name} {value!r} is not supported by /update_weights_from_disk here: {why}."
+UPDATE_REFUSED: Mapping[str, Refused] = {
+    "load_format": Refused("weights load from safetensors", ("auto",)),
+    "keep_pause": Refused("the server resumes after an update (POST /pause_generation pauses it)", (False,)),
+    "manifest": Refused("tensor manifests are not read"),
+}
 
 
-def update_refusal(load_format: str | None, keep_pause: bool, manifest: Mapping[str, Any] | None) -> Violation | None:
-    if load_format not in (None, "auto"):
-        return Violation(UPDATE_REFUSED.format(name="load_format", value=load_format,
-                                               why="weights load from safetensors (null or \"auto\")"), "load_format")
-    if keep_pause:
-        return Violation(UPDATE_REFUSED.format(name="keep_pause", value=keep_pause,
-                                               why="the server resumes after an update (POST /pause_generation "
-                                                   "pauses it)"), "keep_pause")
-    if manifest is not None:
-        return Violation(UPDATE_REFUSED.format(name="manifest", value="{...}", why="tensor manifests are not read"),
-                         "manifest")
-    return None
+def update_refusal(fields: Mapping[str, Any]) -> Violation | None:
+    """The first of an update's fields set to something this server cannot do (docs/api.md lists them)."""
+    return first_refusal(fields, UPDATE_REFUSED, "docs/api.md")

@@ -2,8 +2,8 @@
 honours, which it accepts only at their neutral value, and the messages of its rules (vLLM's own texts where vLLM has
 one: vllm/sampling_params.py, vllm/v1/engine/input_processor.py, the route's serving module).
 
-A field that changes what is computed and is not honoured is a 400 naming it; an unknown field is a 400 too (vLLM's
-SamplingParams would reject it as well), so a typo never vanishes.
+A field that changes what is computed and is not honoured is a 400 naming it (refused.py, as every dialect's); an
+unknown field is a 400 too (vLLM's SamplingParams would reject it as well), so a typo never vanishes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from rulebook.rules import Violation, is_neutral
+from rulebook.refused import Refused, Why, refusal
+from rulebook.rules import Violation
 
 # vLLM's bound on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS: the sampler's per-request row width).
 MAX_LOGPROB_TOKEN_IDS = 128
@@ -20,32 +21,38 @@ MAX_LOGPROB_TOKEN_IDS = 128
 HONOURED_SAMPLING = (
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
     "include_stop_str_in_output", "logprobs", "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start",
-    "logprob_token_ids", "flat_logprobs", "detokenize", "skip_special_tokens", "n",
+    "logprob_token_ids", "flat_logprobs", "detokenize", "skip_special_tokens",
 )
-# Accepted at these values only (each is vLLM's default, or a value that computes the same).
-NEUTRAL_SAMPLING: Mapping[str, tuple[Any, ...]] = {
-    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
-    "min_tokens": (0,), "logit_bias": (None, {}), "allowed_token_ids": (None,), "bad_words": (None, []),
-    "structured_outputs": (None,), "spaces_between_special_tokens": (True,), "truncate_prompt_tokens": (None,),
-    "output_kind": (None, 0, 1, 2), "extra_args": (None, {}), "thinking_token_budget": (None,),
-    "repetition_detection": (None,), "routed_experts_prompt_start": (None, 0), "skip_reading_prefix_cache": (None,),
-    "stream_interval": (None, 1), "logits_processors": (None, []), "return_routed_experts": (None, False),
+# Refused unless at these values (each is vLLM's default, or a value that computes the same).
+REFUSED_SAMPLING: Mapping[str, Refused] = {
+    "n": Refused(Why.ONE_CHOICE, (1,)),
+    "presence_penalty": Refused(Why.PENALTY, (0, 0.0)), "frequency_penalty": Refused(Why.PENALTY, (0, 0.0)),
+    "repetition_penalty": Refused(Why.PENALTY, (1, 1.0)), "min_tokens": Refused(Why.MIN_LENGTH, (0,)),
+    "logit_bias": Refused(Why.LOGIT_BIAS, ({},)), "allowed_token_ids": Refused("allow-lists are not implemented"),
+    "bad_words": Refused("banned words are not implemented", ([],)), "structured_outputs": Refused(Why.GRAMMAR),
+    "spaces_between_special_tokens": Refused(Why.DEFAULT_SPACING, (True,)),
+    "truncate_prompt_tokens": Refused("prompts are never truncated: a long one is a 400"),
+    "output_kind": Refused("a stream sends deltas", (0, 1, 2)), "extra_args": Refused(Why.EXTENSIONS, ({},)),
+    "thinking_token_budget": Refused(Why.REASONING),
+    "repetition_detection": Refused("repetition detection is not implemented"),
+    "routed_experts_prompt_start": Refused(Why.ROUTED_EXPERTS, (0,)),
+    "skip_reading_prefix_cache": Refused("the prefix cache is always read"),
+    "stream_interval": Refused(Why.EVERY_TOKEN, (1,)), "logits_processors": Refused(Why.LOGIT_PROCESSORS, ([],)),
+    "return_routed_experts": Refused(Why.ROUTED_EXPERTS, (False,)),
 }
 HONOURED_BODY = ("request_id", "token_ids", "sampling_params", "model", "stream", "stream_options",
-                 "return_token_ids", "output_mode")
-NEUTRAL_BODY: Mapping[str, tuple[Any, ...]] = {
-    "cache_salt": (None,), "priority": (0,), "kv_transfer_params": (None,), "ec_transfer_params": (None,),
-    "features": (None,), "content_parts": (None, []), "reasoning_ended": (None,),
-    "reasoning_parser_kwargs": (None,), "token_offsets": (None,),
+                 "return_token_ids")
+REFUSED_BODY: Mapping[str, Refused] = {
+    "output_mode": Refused("the answer is token ids (POST /detokenize decodes them)", ("tokens",)),
+    "cache_salt": Refused(Why.SHARED_CACHE), "priority": Refused(Why.ARRIVAL_ORDER, (0,)),
+    "kv_transfer_params": Refused(Why.DISAGGREGATION), "ec_transfer_params": Refused(Why.DISAGGREGATION),
+    "features": Refused("multimodal features are not taken: prompts are token ids"),
+    "content_parts": Refused("prompts are token ids", ([],)), "reasoning_ended": Refused(Why.NOT_PARSED),
+    "reasoning_parser_kwargs": Refused(Why.NOT_PARSED), "token_offsets": Refused("token offsets are not taken"),
 }
 
 UNKNOWN = ("Unknown field `{name}`: vLLM's /inference/v1/generate does not have it, and this server refuses it "
            "rather than ignore it (docs/vllm.md).")
-NOT_HONOURED = ("`{name}`={value} is not supported by this server (it would change the answer); only {neutral} is "
-                "accepted (docs/vllm.md).")
-TEXT_MODE = ("output_mode='text' is not supported by this server: use output_mode='tokens' (the ids; "
-             "POST /detokenize decodes them).")
-N_ONE = "sampling_params.n must be 1 on this server (one sample per request), got {n}."
 BOTH_ID_FORMS = ("sampling_params.logprob_token_ids and prompt_logprob_token_ids on one request are not supported "
                  "by this server: send them as two requests.")
 PROMPT_IDS_STREAM = "prompt_logprob_token_ids are not available when stream=true."
@@ -84,22 +91,15 @@ NOT_OBJECT = "Request body must be a JSON object"
 IDS_NOT_STRINGS = "The request_ids must be a list of request id strings."
 
 
-def _neutral_text(values: tuple[Any, ...]) -> str:
-    return " or ".join("null" if v is None else repr(v) for v in values)
-
-
-def field_violation(name: str, value: Any, honoured: tuple[str, ...], neutral: Mapping[str, tuple[Any, ...]],
+def field_violation(name: str, value: Any, honoured: tuple[str, ...], refused: Mapping[str, Refused],
                     where: str = "") -> Violation | None:
     """A field of the body (where "") or of sampling_params (where "sampling_params."): honoured, neutral, or a 400."""
     if name in honoured:
         return None
     param = f"{where}{name}"
-    if name not in neutral:
+    if name not in refused:
         return Violation(UNKNOWN.format(name=param), param=param)
-    if is_neutral(value, neutral[name]):
-        return None
-    shown = repr(value)[:40]
-    return Violation(NOT_HONOURED.format(name=param, value=shown, neutral=_neutral_text(neutral[name])), param=param)
+    return refusal(param, value, refused[name], "docs/vllm.md")
 
 
 def sampling_violation(sp: Mapping[str, Any]) -> Violation | None:

@@ -29,11 +29,10 @@ from ingress.classify.validation import (
     vllm_prompts,
 )
 from ingress.edge.request_record import current_request_id
-from ingress.errors import InvalidRequest, JSONAnswer
+from ingress.errors import InvalidRequest, JSONAnswer, enforce
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
-from ingress.openai.validation import check_text
 from protocol import GenerateChunk, GenerateRequest, ModelInfo, PoolingParams, SamplingParams
-from rulebook import pooling
+from rulebook import pooling, rules
 
 CLASSIFY = SamplingParams(max_tokens=0, pooling=PoolingParams())
 
@@ -103,7 +102,7 @@ class ClassifyRoutes:
                    param: str) -> list[list[int]]:
         for prompt in prompts:
             if isinstance(prompt, str):
-                check_text(prompt, info, param)
+                enforce(rules.untokenizable(prompt, info.max_model_len, info.prompt_chars_per_token, param), param)
         ids = await all_or_none(self._tokens(p, special) for p in prompts)
         for i, p in enumerate(ids):
             check_ids(i, p, info, param)

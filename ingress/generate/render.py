@@ -10,19 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from ingress.errors import IngressError
+from ingress.finish import seed_finish
 from ingress.sse import sse_data
-from protocol import FinishReason, GenerateChunk, compact
-
-
-def finish_json(finish: FinishReason) -> dict[str, Any]:
-    """`meta_info.finish_reason`: `matched` and `message` only when there is one (never the internal code)."""
-    out: dict[str, Any] = {"type": finish.type}
-    if finish.matched is not None:
-        out["matched"] = finish.matched
-    if finish.message is not None:
-        out["message"] = finish.message
-    return out
-
+from protocol import GenerateChunk, compact
 
 # meta_info's logprob fields: one entry per position, and a list of entries per position.
 TOKEN_ROWS = ("input_token_logprobs", "output_token_logprobs")
@@ -47,7 +37,7 @@ def chunk_json(chunk: GenerateChunk, flat: bool = False) -> dict[str, Any]:
         "output_ids": chunk.output_ids,
         "meta_info": {
             "id": chunk.rid,
-            "finish_reason": finish_json(chunk.finish_reason) if chunk.finish_reason is not None else None,
+            "finish_reason": seed_finish(chunk),
             "prompt_tokens": chunk.prompt_tokens,
             "completion_tokens": chunk.completion_tokens,
             "cached_tokens": chunk.cached_tokens,

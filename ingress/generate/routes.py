@@ -28,14 +28,20 @@ from ingress.lifecycle import Batch, Lifecycle
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
 from ingress.sglang.routes import SGLangGenerate
-from ingress.sglang.schemas import body_schema
+from ingress.sglang.schemas import SGLangBody
 from ingress.sglang.translate import SamplingTypeError, parse
 from ingress.sse import SSE_DONE, sse_data
 from protocol import GenerateChunk
-from rulebook import rules
+from rulebook import generate_fields
 from rulebook import sglang as sg
 from rulebook.adapters import ADAPTER_TWICE
 from rulebook.sglang import LORA_PATHS_DIFFER
+
+
+def body_schema() -> dict[str, Any]:
+    """The request body of /generate for OpenAPI: either dialect's shape (both models are flat, so they inline)."""
+    return {"required": True, "content": {"application/json": {"schema": {"anyOf": [
+        GenerateBody.model_json_schema(), SGLangBody.model_json_schema()]}}}}
 
 
 class GenerateRoutes:
@@ -62,7 +68,7 @@ class GenerateRoutes:
             body = GenerateBody.model_validate(raw)
         except ValidationError as exc:
             raise RequestValidationError(_in_body(exc.errors(include_url=False))) from exc
-        undeclared = (rules.undeclared_field(name, value) for name, value in raw.items()
+        undeclared = (generate_fields.undeclared_field(name, value) for name, value in raw.items()
                       if name not in GenerateBody.model_fields)
         broken = next((v for v in undeclared if v is not None), None)
         if broken is not None:

@@ -36,7 +36,6 @@ from ingress.openai.validation import (
     check_logprobs,
     check_model,
     check_prompt,
-    check_unsupported,
     include_usage,
     sampling_params,
     scoring_params,
@@ -79,11 +78,6 @@ def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:
     """Raise InvalidRequest (or NotFound) for the first rule the body breaks; return its settings otherwise."""
     check_fields(body)
     check_model(body.model, info)
-    check_unsupported(body)
-    if body.tools:
-        raise InvalidRequest(msg.TOOLS, param="tools")
-    if body.response_format not in (None, {"type": "text"}):
-        raise InvalidRequest(msg.RESPONSE_FORMAT, param="response_format")
     messages, images = template_messages(body.messages)
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens

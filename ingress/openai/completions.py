@@ -35,7 +35,6 @@ from ingress.openai.validation import (
     check_model,
     check_prompt,
     check_text,
-    check_unsupported,
     include_usage,
     sampling_params,
     scoring_params,
@@ -68,11 +67,6 @@ def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSett
     Prompt contents are checked later, once text prompts are tokenized (`check_prompt`)."""
     check_fields(body)
     check_model(body.model, info)
-    check_unsupported(body)
-    if body.best_of not in (None, 1):
-        raise InvalidRequest(msg.BEST_OF.format(value=body.best_of), param="best_of")
-    if body.suffix is not None:
-        raise InvalidRequest(msg.SUFFIX, param="suffix")
     _check_prompt_not_empty(body.prompt)
     echo = bool(body.echo)
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens

@@ -34,9 +34,13 @@ class VllmFields:
 
 
 def check_fields(body: SamplingFields) -> None:
-    """Every field the body does not declare, by rulebook/openai_fields.py: only annotations pass."""
+    """The body's fields by rulebook/openai_fields.py: of those it does not declare only annotations pass, and a
+    refused one it declares (`n`, the penalties, `tools`, ...) passes at a neutral value only."""
     for name, value in (body.model_extra or {}).items():
         enforce(openai_fields.undeclared_field(name, value))
+    for name in type(body).model_fields:
+        if name in openai_fields.REFUSED:
+            enforce(openai_fields.refused_value(name, getattr(body, name)))
 
 
 def vllm_fields(body: SamplingFields, info: ModelInfo, params: SamplingParams) -> VllmFields:
@@ -117,17 +121,6 @@ def sampling_params(body: SamplingFields, info: ModelInfo, max_tokens: int, k: i
 
 def include_usage(body: SamplingFields) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
-
-
-def check_unsupported(body: SamplingFields) -> None:
-    """OpenAI parameters this server does not implement: a 400 rather than silently ignoring them."""
-    if body.n not in (None, 1):
-        raise InvalidRequest(msg.N_UNSUPPORTED.format(n=body.n), param="n")
-    if body.logit_bias:
-        raise InvalidRequest(msg.LOGIT_BIAS, param="logit_bias")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name) not in (None, 0):
-            raise InvalidRequest(msg.PENALTY_UNSUPPORTED.format(name=name, value=getattr(body, name)), param=name)
 
 
 def check_prompt(index: int | None, ids: list[int], max_tokens: int, info: ModelInfo, param: str = "prompt") -> None:

@@ -11,25 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ingress.finish import sglang_finish
 from ingress.sglang.translate import Item
-from protocol import FinishReason, GenerateChunk, compact
+from protocol import GenerateChunk, compact
 
 Texts = dict[int, str]
-
-
-def finish_json(finish: FinishReason | None, completion_tokens: int) -> dict[str, Any] | None:
-    """SGLang's finish_reason: length carries the tokens generated, stop the matched token id or string, an
-    abort (or a failure, which SGLang reports as an abort) its message."""
-    if finish is None:
-        return None
-    if finish.type == "length":
-        return {"type": "length", "length": completion_tokens}
-    if finish.type == "stop":
-        return {"type": "stop", "matched": finish.matched}
-    out: dict[str, Any] = {"type": "abort", "message": finish.message or "Aborted."}
-    if finish.type == "error":
-        out["status_code"] = finish.code or 500
-    return out
 
 
 def token_ids_needed(item: Item, chunk: GenerateChunk) -> set[int]:
@@ -65,7 +51,7 @@ def answer_json(item: Item, chunk: GenerateChunk, texts: Texts | None, e2e_laten
     logprob fields in the compact encoding (entry 0's null as `<field>_null_prefix`)."""
     meta: dict[str, Any] = {
         "id": chunk.rid,
-        "finish_reason": finish_json(chunk.finish_reason, chunk.completion_tokens) if chunk.finished else None,
+        "finish_reason": sglang_finish(chunk),
         "prompt_tokens": chunk.prompt_tokens,
         "weight_version": chunk.weight_version,
     }

@@ -67,11 +67,3 @@ class SGLangBody(BaseModel):
     image_data: str | list[str | list[str] | None] | None = Field(
         None, description="The prompt's images (data: URLs or base64 bytes): one, a list, or for a batch one entry "
         "per prompt; the prompt holds one placeholder run per image (docs/multimodal.md).")
-
-
-def body_schema() -> dict[str, Any]:
-    """The request body of /generate for OpenAPI: either shape (both models are flat, so their schemas inline)."""
-    from ingress.generate.schemas import GenerateBody
-
-    return {"required": True, "content": {"application/json": {"schema": {"anyOf": [
-        GenerateBody.model_json_schema(), SGLangBody.model_json_schema()]}}}}

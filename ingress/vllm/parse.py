@@ -51,22 +51,18 @@ class TokenRequest:
 def check_fields(raw: Mapping[str, Any]) -> None:
     """Every field of the raw body and of its sampling_params: honoured, neutral, or a 400 naming it."""
     for name, value in raw.items():
-        enforce(vg.field_violation(name, value, vg.HONOURED_BODY, vg.NEUTRAL_BODY))
+        enforce(vg.field_violation(name, value, vg.HONOURED_BODY, vg.REFUSED_BODY))
     sp = raw.get("sampling_params")
     if isinstance(sp, Mapping):
         for name, value in sp.items():
-            enforce(vg.field_violation(name, value, vg.HONOURED_SAMPLING, vg.NEUTRAL_SAMPLING, "sampling_params."))
+            enforce(vg.field_violation(name, value, vg.HONOURED_SAMPLING, vg.REFUSED_SAMPLING, "sampling_params."))
 
 
 def parse(body: TokenGenerateBody, info: ModelInfo, max_logprobs: int) -> TokenRequest:
     """The body's canonical request; raise InvalidRequest with the first rule it breaks."""
-    if body.output_mode != "tokens":
-        raise InvalidRequest(vg.TEXT_MODE, param="output_mode")
     sp = body.sampling_params
     if any(t < 0 for t in body.token_ids):
         raise InvalidRequest(vg.NEGATIVE_IDS, param="token_ids")
-    if sp.n not in (None, 1):
-        raise InvalidRequest(vg.N_ONE.format(n=sp.n), param="n")
     enforce(vg.sampling_violation(sp.model_dump(exclude_none=True)))
     stream = bool(body.stream)
     ids = list(body.token_ids)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ingress.finish import openai_finish, vllm_stop_reason
 from ingress.vllm.parse import TokenRequest
 from protocol import GenerateChunk
 
@@ -141,19 +142,6 @@ def _weight_versions(chunk: GenerateChunk, generated: int) -> list[dict[str, Any
     return [{"version": chunk.weight_version, "start": 0, "end": generated}]
 
 
-def _stop_reason(tr: TokenRequest, chunk: GenerateChunk) -> int | str | None:
-    """The stop string or stop token id that ended generation; None on the end-of-text token (vLLM's)."""
-    finish = chunk.finish_reason
-    if finish is None or finish.type != "stop":
-        return None
-    matched = finish.matched
-    return matched if isinstance(matched, str) or matched in tr.request.params.stop_token_ids else None
-
-
-def _finish(chunk: GenerateChunk) -> str | None:
-    return chunk.finish_reason.type if chunk.finished and chunk.finish_reason is not None else None
-
-
 def usage_json(chunk: GenerateChunk, prompt_len: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt_len, "total_tokens": prompt_len + chunk.completion_tokens,
             "completion_tokens": chunk.completion_tokens, "prompt_tokens_details": None,
@@ -167,7 +155,8 @@ async def answer_json(tr: TokenRequest, whole: GenerateChunk, model: str, texts:
     prompt_logprobs = None
     if tr.prompt_logprobs is not None:
         prompt_logprobs = await prompt_logprobs_json(tr, whole, texts, decode)
-    choice = {"index": 0, "finish_reason": _finish(whole) or "stop", "stop_reason": _stop_reason(tr, whole),
+    choice = {"index": 0, "finish_reason": openai_finish(whole) or "stop",
+              "stop_reason": vllm_stop_reason(whole, tr.request.params.stop_token_ids),
               "token_ids": list(whole.output_ids), "routed_experts": None, "sampling_mask": None,
               "weight_versions": _weight_versions(whole, len(whole.output_ids)),
               "logprobs": logprobs_json(tr, whole)}
@@ -182,8 +171,9 @@ async def answer_json(tr: TokenRequest, whole: GenerateChunk, model: str, texts:
 def stream_chunk_json(tr: TokenRequest, chunk: GenerateChunk, first: bool, generated: int) -> dict[str, Any]:
     """One streamed chunk (GenerateTokensStreamResponse): the new ids; the prompt's ids on the first with
     return_token_ids; weight_versions on the final one only."""
-    finish = _finish(chunk)
-    choice = {"index": 0, "finish_reason": finish, "stop_reason": _stop_reason(tr, chunk),
+    finish = openai_finish(chunk)
+    choice = {"index": 0, "finish_reason": finish,
+              "stop_reason": vllm_stop_reason(chunk, tr.request.params.stop_token_ids),
               "token_ids": list(chunk.output_ids), "routed_experts": None, "sampling_mask": None,
               "weight_versions": _weight_versions(chunk, generated) if finish is not None else None,
               "logprobs": logprobs_json(tr, chunk)}

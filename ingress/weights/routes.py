@@ -20,13 +20,13 @@ from ingress.openai.render.common import error_json
 from ingress.openai.schemas.common import OpenAIErrorBody
 from protocol import WeightUpdate, WeightUpdateResult
 from protocol.control import FlushCache
-from rulebook.sglang import update_refusal
+from rulebook.sglang import UPDATE_REFUSED, update_refusal
 
 
 class UpdateWeightsBody(BaseModel):
     """SGLang's UpdateWeightFromDiskReqInput. Its fields that change nothing here are declared and unused; those that
-    would change what happens are refused unless neutral (KEEP_PAUSE_REFUSED, ...); any other field is a 422 naming
-    it (extra="forbid"): an update request must never half-apply what it asked for."""
+    would change what happens are refused unless neutral (rulebook/sglang.py's UPDATE_REFUSED); any other field is a
+    422 naming it (extra="forbid"): an update request must never half-apply what it asked for."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -72,7 +72,7 @@ def weights_router(backend: Backend) -> APIRouter:
     router = APIRouter()
 
     async def update_weights_from_disk(body: UpdateWeightsBody) -> Response:
-        refused = update_refusal(body.load_format, body.keep_pause, body.manifest)
+        refused = update_refusal(body.model_dump(include=set(UPDATE_REFUSED)))
         if refused is not None:
             return JSONAnswer(error_json(InvalidRequest(refused.message, param=refused.param)), status_code=400)
         return _answer(await backend.update_weights(

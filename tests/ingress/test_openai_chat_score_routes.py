@@ -129,7 +129,7 @@ async def test_chat_stream_failure_is_an_error_event():
     ({"max_tokens": 60}, "messages", "context length 64"),
     ({"top_logprobs": 2}, "top_logprobs", "requires logprobs=true"),
     ({"logprobs": True, "top_logprobs": -1}, "top_logprobs", "non-negative"),
-    ({"n": 2}, "n", "n must be 1"),
+    ({"n": 2}, "n", "one choice per prompt"),
     ({"temperature": -1}, "temperature", "non-negative"),
     ({"stop": [""]}, "stop", "must not be empty"),
     ({"tools": [{"type": "function"}]}, "tools", "not supported"),

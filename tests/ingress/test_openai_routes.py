@@ -154,8 +154,8 @@ async def test_stream_failure_mid_way_is_an_error_event_then_done():
 # --- errors --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"prompt": "A", "n": 2}, "n", "n must be 1"),
-    ({"prompt": "A", "best_of": 3}, "best_of", "only 1"),
+    ({"prompt": "A", "n": 2}, "n", "one choice per prompt"),
+    ({"prompt": "A", "best_of": 3}, "best_of", "Only null or 1 is accepted"),
     ({"prompt": "A", "logprobs": -1}, "logprobs", "non-negative"),
     ({"prompt": "A", "max_tokens": 0}, "max_tokens", "requires echo"),
     ({"prompt": "A", "max_tokens": -1}, "max_tokens", "non-negative"),
@@ -174,7 +174,7 @@ async def test_stream_failure_mid_way_is_an_error_event_then_done():
     ({"prompt": "A", "stop_token_ids": [100]}, "stop_token_ids", "out of range"),
     ({"prompt": "A", "suffix": "z"}, "suffix", "not supported"),
     ({"prompt": "A", "logit_bias": {"5": 1.0}}, "logit_bias", "not supported"),
-    ({"prompt": "A", "presence_penalty": 0.5}, "presence_penalty", "only 0"),
+    ({"prompt": "A", "presence_penalty": 0.5}, "presence_penalty", "Only null or 0 or 0.0"),
     ({"prompt": "A", "stream_options": {"include_usage": True}}, "stream_options", "requires stream"),
 ])
 async def test_rules_are_400_with_openai_shape(body, param, words):

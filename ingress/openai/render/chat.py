@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ingress.openai.render.common import finish_reason, generated_ids, generated_tops, token_name
+from ingress.finish import openai_finish
+from ingress.openai.render.common import generated_ids, generated_tops, token_name
 from ingress.openai.render.prompt_logprobs import prompt_logprobs_flat, prompt_logprobs_ids, prompt_logprobs_json
 from ingress.openai.validation import VllmFields
 from protocol import GenerateChunk, compact
@@ -85,7 +86,7 @@ class ChatChoice:
             key, message = "delta", ({"role": "assistant", "content": text} if first else {"content": text})
         else:
             key, message = "message", {"role": "assistant", "content": text}
-        out = {"index": 0, key: message, "logprobs": logprobs, "finish_reason": finish_reason(chunk)}
+        out = {"index": 0, key: message, "logprobs": logprobs, "finish_reason": openai_finish(chunk)}
         if self.vllm is not None and self.vllm.token_ids:
             out["token_ids"] = list(chunk.output_ids)
         return out

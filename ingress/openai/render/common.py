@@ -1,4 +1,4 @@
-"""What the OpenAI routes' renderings share: the response envelope, usage, finish reasons, OpenAI's error body.
+"""What the OpenAI routes' renderings share: the response envelope, usage, OpenAI's error body.
 
 A chunk is already a delta (protocol/carriers.py), so one chunk is one streamed choice delta and a merged chunk is the
 whole choice. Token strings are each id decoded alone (as OpenAI and vLLM do); the caller decodes them with the
@@ -41,12 +41,6 @@ def generated_tops(chunk: GenerateChunk, k: int, by_ids: bool) -> list[list[list
             row.setdefault(t, [v, t])
         rows.append(list(row.values()))
     return rows
-
-
-def finish_reason(chunk: GenerateChunk) -> str | None:
-    if not chunk.finished or chunk.finish_reason is None:
-        return None
-    return chunk.finish_reason.type
 
 
 def echo_only_chunk(rid: str, prompt_len: int) -> GenerateChunk:

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ingress.openai.render.common import finish_reason, generated_ids, generated_tops, token_name
+from ingress.finish import openai_finish
+from ingress.openai.render.common import generated_ids, generated_tops, token_name
 from ingress.openai.render.prompt_logprobs import prompt_logprobs_flat, prompt_logprobs_ids, prompt_logprobs_json
 from ingress.openai.validation import VllmFields
 from protocol import GenerateChunk, compact
@@ -87,7 +88,7 @@ class ChoiceBuilder:
             "index": self.index,
             "text": (self.prompt_text if echo_now else "") + chunk.text,
             "logprobs": logprobs,
-            "finish_reason": finish_reason(chunk),
+            "finish_reason": openai_finish(chunk),
         }
         if self.vllm is not None:
             if self.vllm.prompt_logprobs is not None and first:
