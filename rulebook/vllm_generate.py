@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rulebook.rules import Violation, is_neutral
+from rulebook.vllm_media import FEATURES
 
 # vLLM's bound on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS: the sampler's per-request row width).
 MAX_LOGPROB_TOKEN_IDS = 128
@@ -32,10 +33,10 @@ NEUTRAL_SAMPLING: Mapping[str, tuple[Any, ...]] = {
     "stream_interval": (None, 1), "logits_processors": (None, []), "return_routed_experts": (None, False),
 }
 HONOURED_BODY = ("request_id", "token_ids", "sampling_params", "model", "stream", "stream_options",
-                 "return_token_ids", "output_mode")
+                 "return_token_ids", "output_mode", "content_parts")
 NEUTRAL_BODY: Mapping[str, tuple[Any, ...]] = {
     "cache_salt": (None,), "priority": (0,), "kv_transfer_params": (None,), "ec_transfer_params": (None,),
-    "features": (None,), "content_parts": (None, []), "reasoning_ended": (None,),
+    "features": (None,), "reasoning_ended": (None,),
     "reasoning_parser_kwargs": (None,), "token_offsets": (None,),
 }
 
@@ -98,6 +99,8 @@ def field_violation(name: str, value: Any, honoured: tuple[str, ...], neutral: M
         return Violation(UNKNOWN.format(name=param), param=param)
     if is_neutral(value, neutral[name]):
         return None
+    if param == "features":  # vLLM's serialized tensors: its own message, quoting none of them
+        return Violation(FEATURES, param=param)
     shown = repr(value)[:40]
     return Violation(NOT_HONOURED.format(name=param, value=shown, neutral=_neutral_text(neutral[name])), param=param)
 
