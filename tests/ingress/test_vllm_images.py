@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from pathlib import Path
 
 import httpx
@@ -112,6 +113,24 @@ async def test_token_route_greedy_and_id_rows(client: httpx.AsyncClient, folder:
 
     got = np.load(io.BytesIO(base64.b64decode(r.json()["prompt_token_id_logprobs"])))[:, 0].tolist()
     assert _close(got, vl_scores(folder, ids, [image], start))
+
+
+async def test_token_route_stream(client: httpx.AsyncClient, folder: Path) -> None:
+    """A stream: the first chunk carries the expanded ids and the image's placeholder range; the tokens equal
+    transformers' generate."""
+    image = _image()
+    ids = expand(text_ids(9, seed=8), [image], [2])
+    sent = ids[:3] + [IMAGE_TOKEN] + ids[3 + image.num_tokens:]
+    r = await client.post(ROUTE, json={"token_ids": sent, "stream": True, "return_token_ids": True,
+                                       "content_parts": [{"type": "image_url", "url": _data_url(PICTURE)}],
+                                       "sampling_params": {"max_tokens": 4, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    events = [line[6:] for line in r.text.split("\n") if line.startswith("data: ")]
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert events[-1] == "[DONE]" and chunks[0]["prompt_token_ids"] == ids
+    assert chunks[0]["mm_placeholders"] == {"image": [{"offset": 3, "length": image.num_tokens}]}
+    assert "mm_placeholders" not in chunks[1]
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == vl_generate(folder, ids, [image], 4)
 
 
 @pytest.mark.parametrize("part", [
