@@ -222,3 +222,21 @@ async def test_text_model_refuses_content_parts() -> None:
                                             "content_parts": [{"type": "image_url", "url": _data_url(PICTURE)}]})
     assert r.status_code == 400 and r.json()["error"]["message"] == img.NO_IMAGES_HERE.format(n=1)
     assert backend.requests == []
+
+
+async def test_qwen3_vl_moe_through_the_token_route(tmp_path: Path) -> None:
+    """The MoE vision-language family served the same way: content_parts rows equal transformers'."""
+    family = "qwen3_vl_moe"
+    path = build_tiny_vlm(tmp_path / family, family, seed=4)
+    processor(family).save_pretrained(path)
+    image = image_input(family, PICTURE)
+    ids = expand(text_ids(10, seed=9), [image], [4])
+    sent = ids[:5] + [IMAGE_TOKEN] + ids[5 + image.num_tokens:]
+    async with local_client(path, max_num_batched_tokens=3) as moe:
+        r = await moe.post(ROUTE, json={"token_ids": sent, "return_token_ids": True,
+                                        "sampling_params": {"max_tokens": 1, "prompt_logprobs": 0},
+                                        "content_parts": [{"type": "image_url", "url": _data_url(PICTURE)}]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["prompt_token_ids"] == ids
+    assert _close(_rows(body, ids), vl_scores(path, ids, [image], 0))
