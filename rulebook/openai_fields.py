@@ -73,7 +73,10 @@ REFUSED: Mapping[str, Refused] = {
     "chat_template": Refused("the served tokenizer's chat template is used"),
     "chat_template_kwargs": Refused("the served tokenizer's chat template is used", (None, {})),
     "documents": Refused("retrieval documents are not implemented"),
-    "mm_processor_kwargs": Refused("the served model is text-only"),
+    # vLLM's multimodal options: the images themselves are honoured (content parts: rulebook/vllm_media.py).
+    "mm_processor_kwargs": Refused("the image processor runs with the served folder's preprocessor_config.json",
+                                   (None, {})),
+    "media_io_kwargs": Refused("images are decoded with the server's own settings", (None, {})),
     "prompt_embeds": Refused(Why.IDS_OR_TEXT),
     "structured_outputs": Refused(Why.GRAMMAR),
     "guided_json": Refused(Why.GRAMMAR),

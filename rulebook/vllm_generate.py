@@ -14,6 +14,7 @@ from typing import Any
 
 from rulebook.refused import Refused, Why, refusal
 from rulebook.rules import Violation
+from rulebook.vllm_media import FEATURES
 
 # vLLM's bound on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS: the sampler's per-request row width).
 MAX_LOGPROB_TOKEN_IDS = 128
@@ -41,13 +42,13 @@ REFUSED_SAMPLING: Mapping[str, Refused] = {
     "return_routed_experts": Refused(Why.ROUTED_EXPERTS, (False,)),
 }
 HONOURED_BODY = ("request_id", "token_ids", "sampling_params", "model", "stream", "stream_options",
-                 "return_token_ids")
+                 "return_token_ids", "content_parts")
 REFUSED_BODY: Mapping[str, Refused] = {
     "output_mode": Refused("the answer is token ids (POST /detokenize decodes them)", ("tokens",)),
     "cache_salt": Refused(Why.SHARED_CACHE), "priority": Refused(Why.ARRIVAL_ORDER, (0,)),
     "kv_transfer_params": Refused(Why.DISAGGREGATION), "ec_transfer_params": Refused(Why.DISAGGREGATION),
-    "features": Refused("multimodal features are not taken: prompts are token ids"),
-    "content_parts": Refused("prompts are token ids", ([],)), "reasoning_ended": Refused(Why.NOT_PARSED),
+    "features": Refused("multimodal features are not taken: images go in content_parts"),
+    "reasoning_ended": Refused(Why.NOT_PARSED),
     "reasoning_parser_kwargs": Refused(Why.NOT_PARSED), "token_offsets": Refused("token offsets are not taken"),
 }
 
@@ -99,7 +100,10 @@ def field_violation(name: str, value: Any, honoured: tuple[str, ...], refused: M
     param = f"{where}{name}"
     if name not in refused:
         return Violation(UNKNOWN.format(name=param), param=param)
-    return refusal(param, value, refused[name], "docs/vllm.md")
+    found = refusal(param, value, refused[name], "docs/vllm.md")
+    if found is not None and param == "features":  # vLLM's serialized tensors: its own message, quoting none
+        return Violation(FEATURES, param=param)
+    return found
 
 
 def sampling_violation(sp: Mapping[str, Any]) -> Violation | None:

@@ -59,7 +59,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device, float32_head:
             for stored in f.keys():
                 name = cls.checkpoint_name(stored)
                 if name in wanted and not (tied and name == "lm_head.weight"):
-                    state[name] = f.get_tensor(stored).to(device=device, dtype=DTYPES[dtype])
+                    tensor = cls.checkpoint_tensor(name, f.get_tensor(stored), wanted[name].shape)
+                    state[name] = tensor.to(device=device, dtype=DTYPES[dtype])
     missing = [n for n in wanted if n not in state and not (tied and n == "lm_head.weight")]
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""

@@ -24,6 +24,7 @@ MODEL_REGISTRY: dict[str, str] = {
     "Phi3ForCausalLM": "phi3",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
     "Qwen3VLForConditionalGeneration": "qwen3_vl",
+    "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
 }
 
 

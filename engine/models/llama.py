@@ -155,6 +155,12 @@ class LlamaForCausalLM(nn.Module):
         """This model's parameter name for a checkpoint's (the same, but where a family's layout nests them)."""
         return name
 
+    @classmethod
+    def checkpoint_tensor(cls, name: str, tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """A stored tensor as this model's parameter `name` (of `shape`) takes it: as stored, but where a family's
+        checkpoints come in two layouts."""
+        return tensor
+
     def make_layer(self, cfg: Any, i: int) -> DecoderLayer:
         """Layer i, with the checkpoint's parameter names under model.layers.i."""
         attn = Attention(cfg, *self.attention_biases(cfg))

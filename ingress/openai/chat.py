@@ -23,7 +23,7 @@ from ingress.backend import Backend
 from ingress.classify.validation import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer, enforce
-from ingress.images import ImageBlob, expanded, from_data_url, image_limits, vision_ids
+from ingress.images import ImageBlob, expanded, image_limits, vision_ids
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.limits import check_limits
 from ingress.openai.render.chat import ChatChoice
@@ -43,9 +43,11 @@ from ingress.openai.validation import (
 )
 from ingress.sse import sse_data
 from ingress.text import IMAGE_MARKER
+from ingress.vllm.media import part_image
 from protocol import ChatPrompt, GenerateChunk, GenerateRequest, ImageData, ModelInfo, SamplingParams
 from rulebook import images as img
 from rulebook import openai as msg
+from rulebook import vllm_media as vm
 
 Head = tuple[str, int, str]  # id, created, model
 
@@ -105,19 +107,32 @@ def template_messages(messages: list[ChatMessage]) -> tuple[list[dict[str, Any]]
         parts = [m.content] if isinstance(m.content, str) else list(m.content or [])
         content = ""
         after_text = False
-        for part in parts:
-            if isinstance(part, str) or (part.type == "text" and part.text is not None):
-                content += ("\n" if after_text else "") + (part if isinstance(part, str) else part.text or "")
+        for j, part in enumerate(parts):
+            if isinstance(part, str):
+                content += ("\n" if after_text else "") + part
                 after_text = True
-            elif part.type == "image_url":
-                if part.image_url is None:
-                    raise InvalidRequest(msg.IMAGE_PART.format(i=i), param="messages")
-                where = f"messages[{i}] image {len(images)}"
-                images.append(from_data_url(part.image_url.url, where, "messages"))
-                content += IMAGE_MARKER
-                after_text = False
-            else:
-                raise InvalidRequest(msg.MESSAGE_PART.format(i=i, kind=part.type), param="messages")
+                continue
+            where = f"messages[{i}].content[{j}]"
+            payloads = [key for key in vm.PAYLOAD_KINDS if getattr(part, key) is not None]
+            kind = part.type or ("image_url" if part.image_url is not None else
+                                 vm.PAYLOAD_KINDS[payloads[0]] if payloads else None)
+            enforce(vm.media_part_violation(str(kind), where, "messages"))  # vLLM's media the server does not take
+            if payloads:
+                raise InvalidRequest(vm.STRAY_PAYLOAD.format(where=where, kind=img.quote(kind), key=payloads[0]),
+                                     param="messages")
+            if kind == "text" and part.text is not None:
+                content += ("\n" if after_text else "") + part.text
+                after_text = True
+                continue
+            if kind is None:
+                raise InvalidRequest(vm.NO_TYPE.format(where=where), param="messages")
+            if kind not in vm.IMAGE_PART_TYPES:
+                raise InvalidRequest(msg.MESSAGE_PART.format(i=i, kind=kind), param="messages")
+            if part.image_url is None and part.uuid is None:
+                raise InvalidRequest(msg.IMAGE_PART.format(i=i), param="messages")
+            images.append(part_image(part.image_url, part.uuid, f"messages[{i}] image {len(images)}", "messages"))
+            content += IMAGE_MARKER
+            after_text = False
         extra = {k: v for k in ("name", "tool_calls", "tool_call_id") if (v := getattr(m, k)) is not None}
         out.append({"role": m.role, "content": content, **extra})
     return out, images

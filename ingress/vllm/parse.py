@@ -10,6 +10,9 @@ How vLLM's scoring fields map onto the canonical request:
 - logprob_token_ids: the flat token_ids_logprob, reported at every generated token;
 - logprobs k: the generated tokens' values and k alternatives (top_logprobs_num is the wider of the two asks; each
   answer field keeps its own k).
+
+Images (content_parts, decoded by the route): token_ids' placeholder runs are expanded to the images' token counts
+first, so every position above (prompt_logprob_start, the rows, prompt_token_ids) counts the expanded prompt.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ from typing import Any
 
 from ingress.canonical import check_request
 from ingress.errors import InvalidRequest, enforce
+from ingress.images import expanded
 from ingress.vllm.schemas import TokenGenerateBody
-from protocol import GenerateRequest, ModelInfo, SamplingParams
+from protocol import GenerateRequest, ImageData, ModelInfo, SamplingParams
+from protocol.images import placeholder_runs
+from rulebook import images as img
 from rulebook import vllm_generate as vg
 
 # The prefix vLLM gives the engine's request id (and the answer's request_id).
@@ -46,6 +52,8 @@ class TokenRequest:
     id_rows_offset: int
     flat: bool
     detokenize: bool
+    # (offset, length) of each image's placeholder run in the expanded prompt: vLLM's mm_placeholders["image"].
+    image_runs: tuple[tuple[int, int], ...] = ()
 
 
 def check_fields(raw: Mapping[str, Any]) -> None:
@@ -58,14 +66,17 @@ def check_fields(raw: Mapping[str, Any]) -> None:
             enforce(vg.field_violation(name, value, vg.HONOURED_SAMPLING, vg.REFUSED_SAMPLING, "sampling_params."))
 
 
-def parse(body: TokenGenerateBody, info: ModelInfo, max_logprobs: int) -> TokenRequest:
-    """The body's canonical request; raise InvalidRequest with the first rule it breaks."""
+def parse(body: TokenGenerateBody, info: ModelInfo, max_logprobs: int,
+          images: list[ImageData] | None = None) -> TokenRequest:
+    """The body's canonical request; raise InvalidRequest with the first rule it breaks. images: content_parts'
+    images, decoded."""
     sp = body.sampling_params
     if any(t < 0 for t in body.token_ids):
         raise InvalidRequest(vg.NEGATIVE_IDS, param="token_ids")
     enforce(vg.sampling_violation(sp.model_dump(exclude_none=True)))
     stream = bool(body.stream)
-    ids = list(body.token_ids)
+    images = images or []
+    ids = expanded(list(body.token_ids), images, info, "content_parts")
     vocab = info.vocab_size
     k_out = vocab if sp.logprobs == -1 else sp.logprobs
     k_prompt = vocab if sp.prompt_logprobs == -1 else sp.prompt_logprobs
@@ -89,6 +100,9 @@ def parse(body: TokenGenerateBody, info: ModelInfo, max_logprobs: int) -> TokenR
     max_tokens = sp.max_tokens if sp.max_tokens is not None else max(info.max_model_len - len(ids), 0)
     if sp.max_tokens is None:
         enforce(vg.sampling_violation({"max_tokens": max_tokens}))
+    if images:
+        enforce(img.image_context(len(ids), [im.num_tokens for im in images], max_tokens, info.max_model_len,
+                                  "content_parts"))
     params = SamplingParams(
         max_tokens=max_tokens, temperature=1.0 if sp.temperature is None else sp.temperature,
         top_p=1.0 if sp.top_p is None else sp.top_p, top_k=-1 if sp.top_k is None else sp.top_k,
@@ -104,7 +118,7 @@ def parse(body: TokenGenerateBody, info: ModelInfo, max_logprobs: int) -> TokenR
         token_id_rows=id_rows if scores_prompt else None,
         return_input_ranks=k_prompt is not None and scores_prompt)
     rid = RID_PREFIX + (body.request_id or uuid.uuid4().hex)
-    request = GenerateRequest(rid=rid, input_ids=ids, params=params)
+    request = GenerateRequest(rid=rid, input_ids=ids, params=params, images=images or None)
     check_request(request, info, with_generation=True)
     opts = body.stream_options
     return TokenRequest(
@@ -113,7 +127,8 @@ def parse(body: TokenGenerateBody, info: ModelInfo, max_logprobs: int) -> TokenR
         return_token_ids=bool(body.return_token_ids), logprobs=k_out,
         logprob_token_ids=sp.logprob_token_ids, prompt_logprobs=k_prompt,
         id_rows=rows if scores_prompt else None, id_rows_offset=offset, flat=bool(sp.flat_logprobs),
-        detokenize=sp.detokenize is not False)
+        detokenize=sp.detokenize is not False,
+        image_runs=tuple(placeholder_runs(ids, info.image_token_id)) if images and info.image_token_id else ())
 
 
 def engine_rid(request_id: str) -> str:

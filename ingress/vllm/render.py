@@ -142,6 +142,13 @@ def _weight_versions(chunk: GenerateChunk, generated: int) -> list[dict[str, Any
     return [{"version": chunk.weight_version, "start": 0, "end": generated}]
 
 
+def mm_placeholders(tr: TokenRequest) -> dict[str, list[dict[str, int]]] | None:
+    """vLLM's placeholder ranges (with return_token_ids, when the prompt has images): each image's run."""
+    if not (tr.return_token_ids and tr.image_runs):
+        return None
+    return {"image": [{"offset": start, "length": length} for start, length in tr.image_runs]}
+
+
 def usage_json(chunk: GenerateChunk, prompt_len: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt_len, "total_tokens": prompt_len + chunk.completion_tokens,
             "completion_tokens": chunk.completion_tokens, "prompt_tokens_details": None,
@@ -163,7 +170,7 @@ async def answer_json(tr: TokenRequest, whole: GenerateChunk, model: str, texts:
     return {"request_id": tr.request.rid, "model": model, "created": int(time.time()),
             "usage": usage_json(whole, len(ids)), "prompt_logprobs": prompt_logprobs,
             "prompt_token_id_logprobs": token_id_logprobs_b64(tr, whole),
-            "prompt_token_ids": list(ids) if tr.return_token_ids else None, "mm_placeholders": None,
+            "prompt_token_ids": list(ids) if tr.return_token_ids else None, "mm_placeholders": mm_placeholders(tr),
             "metrics": None, "kv_transfer_params": None, "ec_transfer_params": None, "output_mode": "tokens",
             "choices": [choice]}
 
@@ -180,6 +187,8 @@ def stream_chunk_json(tr: TokenRequest, chunk: GenerateChunk, first: bool, gener
     out: dict[str, Any] = {"request_id": tr.request.rid, "usage": None}
     if first and tr.return_token_ids:
         out["prompt_token_ids"] = list(tr.request.input_ids or [])
+        if tr.image_runs:
+            out["mm_placeholders"] = mm_placeholders(tr)
     if tr.continuous_usage:
         out["usage"] = usage_json(chunk, len(tr.request.input_ids or []))
     return {**out, "output_mode": "tokens", "choices": [choice]}

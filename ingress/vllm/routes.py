@@ -16,15 +16,18 @@ from starlette.responses import Response
 from ingress.adapters.select import served_model
 from ingress.backend import Backend
 from ingress.classify.validation import check_causal
-from ingress.errors import IngressError, InvalidRequest, JSONAnswer
+from ingress.errors import IngressError, InvalidRequest, JSONAnswer, enforce
+from ingress.images import image_limits
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.openai.render.stream import openai_events, token_texts
 from ingress.sse import sse_data
 from ingress.vllm import render
+from ingress.vllm.media import content_part_blobs
 from ingress.vllm.parse import TokenRequest, check_fields, engine_rid, parse
 from ingress.vllm.schemas import AbortRequestsBody, TokenGenerateBody
-from protocol import GenerateChunk
+from protocol import GenerateChunk, ImageData
 from protocol.control import Abort
+from rulebook import images as img
 from rulebook import vllm_generate as vg
 
 ROUTE = "/inference/v1/generate"
@@ -56,7 +59,12 @@ class TokenRoutes:
         info = await served_model(self._backend, batch, body.model)
         check_causal(info, ROUTE)
         limit = info.max_top_logprobs if info.max_top_logprobs is not None else batch.settings.max_top_logprobs
-        tr = parse(body, info, limit)
+        blobs = content_part_blobs(body.content_parts)
+        images: list[ImageData] = []
+        if blobs:  # decoded off the event loop, as every dialect's images (ingress/images.py)
+            enforce(img.no_images_here(len(blobs), info.takes_images, "content_parts"))
+            images = await self._backend.prepare_images(blobs, image_limits(batch.settings), "content_parts")
+        tr = parse(body, info, limit, images)
         model = batch.adapter[0] if batch.adapter is not None else info.model_name
         if tr.stream:
             batch.open([tr.request], info)

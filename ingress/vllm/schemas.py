@@ -63,6 +63,9 @@ class TokenGenerateBody(BaseModel):
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = Field(None, description="Also answer the prompt's ids (prompt_token_ids).")
     output_mode: str = Field("tokens", description="'tokens' only ('text' is a 400).")
+    content_parts: list[Any] | None = Field(
+        None, description="The prompt's images, in order: {\"type\": \"image_url\", \"url\": \"data:image/...\"} "
+        "(optional uuid); token_ids hold one placeholder run per image (docs/multimodal.md).")
 
 
 class AbortRequestsBody(BaseModel):

@@ -1,7 +1,7 @@
-"""Vision-language families (Qwen2.5-VL, Qwen3-VL) against transformers' float32 forward and generate, on tiny
-random checkpoints (tests/helpers/tiny_vision.py): scoring rows with images, chunked prefill that splits the text
-around and inside an image's placeholder run, greedy generation (M-RoPE positions after the prompt), the vision
-tower run once per image per request, and text-only requests beside image requests."""
+"""Vision-language families (Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) against transformers' float32 forward and
+generate, on tiny random checkpoints (tests/helpers/tiny_vision.py): scoring rows with images, chunked prefill that
+splits the text around and inside an image's placeholder run, greedy generation (M-RoPE positions after the prompt),
+the vision tower run once per image per request, and text-only requests beside image requests."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from tests.helpers.tiny_vision import (
 from tests.helpers.vision_reference import vl_generate, vl_scores
 
 ATOL = 1e-4
-FAMILIES = ["qwen2_5_vl", "qwen3_vl"]
+FAMILIES = ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"]
 
 
 @cache

@@ -1,5 +1,5 @@
-"""Tiny random vision-language checkpoints (Qwen2.5-VL, Qwen3-VL) built locally with transformers, their image
-processor (PIL, no torchvision) and prompts with an image's placeholder run already expanded."""
+"""Tiny random vision-language checkpoints (Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) built locally with transformers,
+their image processor (PIL, no torchvision) and prompts with an image's placeholder run already expanded."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from transformers import (
     Qwen2_5_VLForConditionalGeneration,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeConfig,
+    Qwen3VLMoeForConditionalGeneration,
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -31,7 +33,7 @@ _TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden
              bos_token_id=None)
 _IDS = dict(image_token_id=IMAGE_TOKEN, video_token_id=VIDEO_TOKEN, vision_start_token_id=VISION_START,
             vision_end_token_id=VISION_END)
-PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16}
+PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16, "qwen3_vl_moe": 16}
 
 
 def build_tiny_vlm(folder: Path, family: str, seed: int = 0, tie: bool = False) -> Path:
@@ -48,14 +50,20 @@ def build_tiny_vlm(folder: Path, family: str, seed: int = 0, tie: bool = False) 
                                             "mrope_section": [2, 3, 3]})
         cfg = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie, **_IDS)
         model = Qwen2_5_VLForConditionalGeneration(cfg)
-    elif family == "qwen3_vl":
+    elif family in ("qwen3_vl", "qwen3_vl_moe"):
         vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
                       temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16,
                       deepstack_visual_indexes=[0, 1])
         text = dict(_TEXT, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                          "mrope_section": [2, 3, 3], "mrope_interleaved": True})
-        cfg = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie, **_IDS)
-        model = Qwen3VLForConditionalGeneration(cfg)
+        if family == "qwen3_vl":
+            cfg = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie, **_IDS)
+            model = Qwen3VLForConditionalGeneration(cfg)
+        else:  # layers 0 and 2 sparse (6 experts, top 2), layer 1 dense: both MLPs and the router are exercised
+            text = dict(text, moe_intermediate_size=24, num_experts=6, num_experts_per_tok=2, decoder_sparse_step=1,
+                        mlp_only_layers=[1])
+            cfg = Qwen3VLMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie, **_IDS)
+            model = Qwen3VLMoeForConditionalGeneration(cfg)
     else:
         raise ValueError(family)
     with torch.no_grad():  # random init is small; wider weights spread the logits so tests are sensitive

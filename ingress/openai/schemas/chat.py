@@ -25,9 +25,22 @@ class ImageURL(BaseModel):
 class ContentPart(BaseModel):
     model_config = STRICT_BODY
 
-    type: str = Field(description="`text`, or `image_url` for a vision-language model (docs/multimodal.md).")
+    type: str | None = Field(None, description="`text`, or `image_url` / `input_image` for a vision-language model "
+                             "(docs/multimodal.md); vLLM's untyped part with an `image_url` is an image part.")
     text: str | None = None
-    image_url: ImageURL | None = None
+    image_url: ImageURL | str | None = Field(None, description="{\"url\": ...}, or the URL itself (vLLM's form).")
+    uuid: str | None = Field(None, description="vLLM's media id: accepted beside an image (its content keys the "
+                             "prefix cache); alone, a 400.")
+    # vLLM's other media parts' payloads, declared so that such a part is a 400 naming it (rulebook/vllm_media.py)
+    # rather than a 422 on an unknown key.
+    image_embeds: Any = Field(None, description="vLLM's: not taken (400); send the image.")
+    image_pil: Any = Field(None, description="vLLM's offline form: not taken (400).")
+    audio_url: Any = Field(None, description="Not taken (400): images only.")
+    input_audio: Any = Field(None, description="Not taken (400): images only.")
+    video_url: Any = Field(None, description="Not taken (400): images only.")
+    audio_embeds: Any = Field(None, description="Not taken (400): images only.")
+    video_embeds: Any = Field(None, description="Not taken (400): images only.")
+    data: Any = Field(None, description="vLLM's prompt_embeds part: not taken (400).")
 
 
 class ChatMessage(BaseModel):
