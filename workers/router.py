@@ -17,27 +17,47 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from protocol import GenerateRequest
+from protocol.images import ImageData, placeholder_runs
 
 log = logging.getLogger("ray.serve")
 
 
-def block_hashes(ids: Sequence[int], block_size: int, adapter: str | None = None) -> list[int]:
+def block_hashes(ids: Sequence[int], block_size: int, adapter: str | None = None,
+                 images: Sequence[tuple[int, int, int]] = ()) -> list[int]:
     """One hash per full block of `block_size` tokens, chained: hash i covers tokens [0, (i+1)*block_size),
     so equal hashes mean equal prefixes, and an equal block behind a different head does not match.
     Same form as the engine's prefix cache (a partial last block is never cached, so never keyed); a LoRA adapter's
-    requests chain from their adapter's name, as the engine keys its cache by adapter."""
+    requests chain from their adapter's name, as the engine keys its cache by adapter, and a block that an image's
+    placeholder run (start, end, digest) touches takes that image's digest too, as the engine keys its blocks (two
+    images behind the same placeholder ids never share a prefix)."""
     out: list[int] = []
     parent: int | None = None if adapter is None else hash(("lora", adapter))
     for start in range(0, len(ids) - block_size + 1, block_size):
-        parent = hash((parent, tuple(ids[start:start + block_size])))
+        end = start + block_size
+        seen = tuple(digest for lo, hi, digest in images if lo < end and hi > start)
+        parent = hash((parent, tuple(ids[start:end]), seen) if seen else (parent, tuple(ids[start:end])))
         out.append(parent)
     return out
+
+
+def image_spans(ids: Sequence[int], images: Sequence[ImageData]) -> list[tuple[int, int, int]]:
+    """(start, end, digest) of each image's placeholder run in `ids`. The router is not told the model's placeholder
+    id, but the ingress expanded each image to exactly `num_tokens` copies of it and checked that the prompt holds no
+    other: the id whose runs have the images' lengths, in order. None found (not an ingress-made request): every
+    image spans the whole prompt, so the request matches only prompts with the same images."""
+    want = [im.num_tokens for im in images]
+    for tok, count in Counter(ids).items():
+        if count == sum(want):
+            runs = placeholder_runs(list(ids), tok)
+            if [n for _, n in runs] == want:
+                return [(lo, lo + n, im.digest) for (lo, n), im in zip(runs, images, strict=True)]
+    return [(0, len(ids), im.digest) for im in images]
 
 
 class PrefixIndex:
@@ -136,7 +156,8 @@ class PrefixAwareRouter(RequestRouter):
             return []
         if not isinstance(req, GenerateRequest) or not req.input_ids:
             return []
-        return block_hashes(req.input_ids, self._block_size, req.params.adapter and req.params.adapter.name)
+        images = image_spans(req.input_ids, req.images) if req.images else ()
+        return block_hashes(req.input_ids, self._block_size, req.params.adapter and req.params.adapter.name, images)
 
     async def _queue_lens(self, replicas: list[RunningReplica]) -> dict[ReplicaID, int]:
         """Queue length of each replica that can take a request: from Serve's cache where fresh, else probed.

@@ -8,10 +8,12 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from protocol import GenerateRequest
-from workers.router import PrefixIndex, block_hashes
+from protocol.images import ImageData
+from workers.router import PrefixIndex, block_hashes, image_spans
 
 BS = 4
 
@@ -243,3 +245,39 @@ def test_replicas_holding_the_adapter_first() -> None:
     assert choose(replicas, pending("b")) == [replicas[1]]  # type: ignore[arg-type]
     assert choose(replicas, pending("c")) == replicas  # type: ignore[arg-type]  # nobody has it: any loads it
     assert choose(replicas, pending("")) == replicas  # type: ignore[arg-type]  # the base model
+
+
+# --- images ------------------------------------------------------------------------------------------------------
+
+
+def _image(seed: int, tokens: int) -> ImageData:
+    """A real ImageData of `tokens` placeholder tokens (rows = 4 x tokens patches for the 2 x 2 merge)."""
+    rows, cols = 4 * tokens, 3
+    pixels = np.random.default_rng(seed).standard_normal((rows, cols)).astype("<f4").tobytes()
+    return ImageData.of(pixels, rows, cols, (1, 2, 2 * tokens))
+
+
+def test_blocks_touched_by_an_image_are_keyed_by_its_content() -> None:
+    """The same ids behind two different images share only the blocks before the image (as the engine's prefix
+    cache keys them); the same image gives the same hashes; a text-only request keeps its plain hashes."""
+    pad = 49_000
+    ids = toks(6, 1) + [pad] * 8 + toks(6, 2)  # image run at [6, 14): blocks 1, 2, 3 touch it
+    one, other = _image(0, 8), _image(1, 8)
+    assert image_spans(ids, [one]) == [(6, 14, one.digest)]
+    a = block_hashes(ids, BS, images=image_spans(ids, [one]))
+    b = block_hashes(ids, BS, images=image_spans(ids, [other]))
+    again = block_hashes(ids, BS, images=image_spans(ids, [_image(0, 8)]))
+    plain = block_hashes(ids, BS)
+    assert a == again and a[0] == b[0] == plain[0]
+    assert all(x != y for x, y in zip(a[1:], b[1:], strict=True)) and a[1] != plain[1]
+
+
+def test_two_images_each_key_their_own_run_and_an_unfound_run_keys_the_whole_prompt() -> None:
+    pad = 49_001
+    ids = [pad] * 4 + toks(4, 3) + [pad] * 8
+    first, second = _image(2, 4), _image(3, 8)
+    assert image_spans(ids, [first, second]) == [(0, 4, first.digest), (8, 16, second.digest)]
+    swapped = block_hashes(ids, BS, images=image_spans(ids, [_image(9, 4), second]))
+    assert block_hashes(ids, BS, images=image_spans(ids, [first, second]))[0] != swapped[0]
+    # Not the ingress's expansion (the run lengths do not match the images): every block takes every digest.
+    assert image_spans(ids, [_image(4, 5)]) == [(0, 16, _image(4, 5).digest)]
