@@ -89,8 +89,10 @@ class IncrementalDetokenizer:
         if not finished and self.stopped_by is None:
             while end > 0 and self.text[end - 1] == REPLACEMENT:
                 end -= 1
-            if self._max_stop_len:
-                end = min(end, len(self.text) - (self._max_stop_len - 1))
+            # Counted from the last complete character: a stop string that ends in the character still being
+            # decoded starts at most max_stop_len - 1 characters before it. (The engine counted from the text's
+            # end, so a stop ending in a multi-byte character could stream its first character before the match.)
+            end -= max(0, self._max_stop_len - 1)
         end = max(end, self._sent)
         out = self.text[self._sent:end]
         self._sent = end

@@ -97,3 +97,12 @@ def test_special_tokens_are_skipped_unless_asked(tok: Any) -> None:
     assert n == len(ids) and d.stopped_by is None
     _, n, d = _stream(tok, ids, SamplingParams(stop=["<|im_end|>"], skip_special_tokens=False), [len(ids)])
     assert n == len(ids) and d.stopped_by == "<|im_end|>" and d.text == "Hi there"
+
+
+def test_a_stop_ending_in_a_split_character_streams_nothing_past_its_start(tok: Any) -> None:
+    """The holdback counts from the last complete character: while "日" is half decoded, "t. " may still begin the
+    stop string (the engine counted the half character and streamed the "t")."""
+    ids = tok.encode("Hello world, this is a test. 日本語", add_special_tokens=False)
+    deltas, kept, d = _stream(tok, ids, SamplingParams(stop=["t. 日"]), [1] * len(ids))
+    assert "".join(deltas) == "Hello world, this is a tes" and d.stopped_by == "t. 日"
+    assert tok.decode(ids[:kept]).endswith("日")
