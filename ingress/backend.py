@@ -19,6 +19,7 @@ from ingress.coalesce import Coalescer
 from ingress.errors import Overloaded, WorkerLost, worker_failed
 from ingress.images import ImageBlob, ImageLimits, ImageSide, prepare_images
 from ingress.lazy import Lazy
+from ingress.tasks import all_or_none
 from ingress.text import TextSide
 from protocol import (
     DEFAULT_WEIGHT_VERSION,
@@ -275,7 +276,7 @@ class HandleBackend:
             chunks = await until_finished(self.stream(r))
             return merge_outputs(chunks) if chunks else GenerateChunk(rid=r.rid)
 
-        got = await _all_or_none([unary_answers(), *(read_whole(r) for r in streamed)])
+        got = await all_or_none([unary_answers(), *(read_whole(r) for r in streamed)])
         by_unary, by_stream = iter(got[0]), iter(got[1:])
         return [p if isinstance(p, GenerateChunk) else next(by_stream if p.params.stop_strings else by_unary)
                 for p in prepared]
@@ -485,15 +486,3 @@ def _multiplexed(worker: DeploymentHandle, reqs: list[GenerateRequest]) -> Deplo
         return worker.options(multiplexed_model_id=name)
     return worker
 
-
-async def _all_or_none(aws: list[Any]) -> list[Any]:
-    """gather, but when one fails (or the caller is cancelled) the others are cancelled and have unwound before this
-    returns: no worker call is left running for an answer nobody reads (lifecycle.all_or_none, which imports this
-    module)."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
