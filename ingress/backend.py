@@ -72,7 +72,8 @@ class Backend(Protocol):
 
     async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
         """Each request's whole answer (its deltas merged), in order, from one call: what a non-streamed answer
-        needs. The answers are as the worker ended them (an `error` finish included; the caller checks).
+        needs (a request with stop strings is read as its own stream, so the ingress can end it at a match). The
+        answers are as the worker ended them (an `error` finish included; the caller checks).
         Cancelling the awaiting task aborts every request in the worker; errors are translated as in `stream`.
         """
         ...
