@@ -4,12 +4,13 @@ the tokenizer lives (the ingress, as vLLM's API server runs its IncrementalDetok
 The engine generates ids and stops on stop token ids, EOS and length; stop strings are matched here, token by
 token, and the caller ends the request in the engine (the ingress closes the worker call, which aborts it).
 
-Exactness over speed: the text after each token is the tokenizer's decode of every id so far (`decode(ids,
-skip_special_tokens)`), the text a whole-answer decode gives, so a merge across tokens, a multi-byte character
-split over several tokens or a tokenizer's cleanup of spaces never makes it differ. That is O(n^2) in output
-tokens, cheap next to the step that produced them (the fast Rust tokenizer); without stop strings the decode runs
-once per delta, not per token. vLLM's windowed decode (prefix and read offsets) is faster but only matches a whole
-decode for some tokenizers.
+Each step decodes a window of a few ids, as vLLM's detokenize_incrementally does: the ids since the last point
+where the text was complete (`_prefix`), less the text those already gave (`_read`), so a merge across tokens,
+a multi-byte character split over several tokens and a tokenizer that drops the first token's leading space all
+come out as a whole decode gives them, at a cost that does not grow with the output. For a byte-level BPE without
+`clean_up_tokenization_spaces` (SmolLM2, Llama 3, Qwen) the text is exactly `decode(ids, skip_special_tokens)`;
+a tokenizer that cleans up spaces cleans each window. (The engine decoded all the ids after every token, a cost
+that grows with the output.)
 
 The tokenizer is duck-typed (`decode(ids, skip_special_tokens=...)`): this module imports nothing, so the ingress
 and any other user share it without importing transformers or the engine.
@@ -41,11 +42,17 @@ class IncrementalDetokenizer:
         self._max_stop_len = params.max_stop_len
         self._include_stop = params.include_stop_str_in_output
         self.ids: list[int] = []
-        # The decode of self.ids, cut at the stop string once one matched.
+        # The text of self.ids (the decode of a character still incomplete included), cut at the stop string once
+        # one matched.
         self.text = ""
         # The stop string that ended the text (None while none has).
         self.stopped_by: str | None = None
         self._sent = 0
+        # The text up to self.ids[:_read] is final (_done); the next window decodes from _prefix, a few ids before,
+        # so that the ids at its start give their text in context.
+        self._done = ""
+        self._prefix = 0
+        self._read = 0
 
     def add(self, ids: list[int]) -> int:
         """Take the next generated ids; returns how many of them count (fewer only when a stop string matched)."""
@@ -64,8 +71,18 @@ class IncrementalDetokenizer:
         return len(ids)
 
     def _decode(self) -> str:
-        text: str = self._tokenizer.decode(self.ids, skip_special_tokens=self._skip_special)
-        return text
+        """The text of self.ids from the window since _prefix; the window moves on once its text ends in a complete
+        character (vLLM's prefix and read offsets)."""
+        decode = self._tokenizer.decode
+        skip = self._skip_special
+        context: str = decode(self.ids[self._prefix:self._read], skip_special_tokens=skip) if self._read else ""
+        window: str = decode(self.ids[self._prefix:], skip_special_tokens=skip)
+        new = window[len(context):]
+        if len(window) > len(context) and not window.endswith(REPLACEMENT):
+            self._done += new
+            self._prefix, self._read = self._read, len(self.ids)
+            return self._done
+        return self._done + new
 
     def _match(self, text: str) -> bool:
         """Search `text` for the first stop string, where a new match can be: past what the previous token's text
