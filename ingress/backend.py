@@ -486,4 +486,3 @@ def _multiplexed(worker: DeploymentHandle, reqs: list[GenerateRequest]) -> Deplo
     if len(names) == 1 and (name := names.pop()) is not None:
         return worker.options(multiplexed_model_id=name)
     return worker
-
