@@ -14,7 +14,6 @@ from engine.core.adapter_queue import AdapterQueue
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import ScheduledChunk, Scheduler
 from engine.core.sequence import Sequence
-from engine.detokenizer import Detokenizer
 from engine.loading.default_model import resolve_model_path
 from engine.loading.loader import eos_token_ids, load_model, load_tokenizer, resolve_device
 from engine.loading.lora import LoraError
@@ -81,7 +80,6 @@ class LLMEngine:
                                   self.max_model_len)
         if self.parallel is not None:
             self.parallel.start(num_blocks)
-        self.detokenizer = Detokenizer(self.tokenizer)
         # The served weights' name (SGLang's weight_version): set by each update (engine/loading/weight_update.py).
         self.weight_version = DEFAULT_WEIGHT_VERSION
         self.seqs: dict[str, Sequence] = {}
@@ -223,17 +221,16 @@ class LLMEngine:
         if r.sampled is None:
             return None  # a prefill chunk that does not reach the end of the context
         state.add_sampled(r.sampled_logprob, r.sampled_top, r.sampled_token_ids)
-        seq.finish_reason = self._stop_reason(seq, state, r.sampled)
+        seq.finish_reason = self._stop_reason(seq, r.sampled)
         if seq.finish_reason is not None:
             self._finish(seq)
         return self._output(seq)
 
-    def _stop_reason(self, seq: Sequence, state: OutputState, tok: int) -> FinishReason | None:
-        """Why the request ends after the token just sampled, or None while it goes on."""
+    def _stop_reason(self, seq: Sequence, tok: int) -> FinishReason | None:
+        """Why the request ends after the token just sampled, or None while it goes on. Stop strings are not the
+        engine's: the text is made where the tokenizer lives (the ingress: protocol/detokenizer.py), which ends a
+        request whose text matched one by aborting it."""
         p = seq.params
-        stop_str = self.detokenizer.update(seq, state)
-        if stop_str is not None:
-            return FinishReason("stop", matched=stop_str)
         if tok in p.stop_token_set or (not p.ignore_eos and tok in self.eos_ids):
             return FinishReason("stop", matched=tok)
         if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:

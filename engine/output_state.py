@@ -1,6 +1,6 @@
-"""Per-request output state, owned by LLMEngine: what a request has produced for its caller (text, logprob
-rows) and how much of it was sent, so each RequestOutput carries only the delta. The scheduler and the model
-runner never see it."""
+"""Per-request output state, owned by LLMEngine: what a request has produced for its caller (ids, logprob rows; no
+text: that is the ingress's) and how much of it was sent, so each RequestOutput carries only the delta. The scheduler
+and the model runner never see it."""
 
 from __future__ import annotations
 
@@ -27,10 +27,7 @@ class OutputState:
         self.pooled: list[float] | None = None
         self.output_token_ids_logprobs: list[list[TokenLogprob]] | None = (
             [] if want and params.output_token_ids is not None else None)
-        # Detokenized output text so far (after stop-string handling), written by the Detokenizer.
-        self.text = ""
-        # How much was sent: text characters, output token ids, output logprob rows; input rows go once.
-        self.num_text_sent = 0
+        # How much was sent: output token ids, output logprob rows; input rows go once.
         self.num_ids_sent = 0
         self.num_output_logprobs_sent = 0
         self.input_rows_sent = False
@@ -55,28 +52,13 @@ class OutputState:
             if self.output_token_ids_logprobs is not None:
                 self.output_token_ids_logprobs.append(token_ids or [])
 
-    def streamable(self, seq: Sequence) -> int:
-        """How much of the text may be sent now: hold back an unfinished multi-byte character and a tail that
-        could still become a stop string, so that no delta ever needs to be taken back."""
-        text = self.text
-        if seq.is_finished:
-            return len(text)
-        end = len(text)
-        while end > 0 and text[end - 1] == "\ufffd":
-            end -= 1
-        if seq.params.max_stop_len:
-            end = min(end, len(text) - (seq.params.max_stop_len - 1))
-        return max(end, self.num_text_sent)
-
     def delta(self, seq: Sequence) -> RequestOutput:
         """The output since the previous delta of this request; marks it sent."""
-        end = self.streamable(seq)
         out_ids = seq.output_token_ids
         n_lp = self.num_output_logprobs_sent
         out = RequestOutput(
             request_id=seq.request_id,
             new_token_ids=out_ids[self.num_ids_sent:],
-            new_text=self.text[self.num_text_sent:end],
             finished=seq.is_finished,
             finish_reason=seq.finish_reason if seq.is_finished else None,
             prompt_tokens=seq.num_prompt_tokens,
@@ -94,7 +76,6 @@ class OutputState:
             arrival_time=seq.arrival_time, scheduled_time=seq.scheduled_time, finished_time=seq.finished_time,
         )
         self.num_ids_sent = len(out_ids)
-        self.num_text_sent = end
         if self.output_token_logprobs is not None:
             self.num_output_logprobs_sent = len(self.output_token_logprobs)
         self.input_rows_sent = True

@@ -14,10 +14,12 @@ import time
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ingress.answer_text import AnswerText
 from ingress.coalesce import Coalescer
 from ingress.errors import Overloaded, WorkerLost, worker_failed
 from ingress.images import ImageBlob, ImageLimits, ImageSide, prepare_images
 from ingress.lazy import Lazy
+from ingress.tasks import all_or_none
 from ingress.text import TextSide
 from protocol import (
     DEFAULT_WEIGHT_VERSION,
@@ -26,10 +28,13 @@ from protocol import (
     GenerateRequest,
     ImageData,
     ModelInfo,
+    SamplingParams,
     TokenizerInfo,
     WeightUpdate,
     WeightUpdateResult,
     error_chunk,
+    merge_outputs,
+    until_finished,
 )
 from protocol.control import FlushCache, GenerationControl
 from rulebook import rules
@@ -55,7 +60,8 @@ class Backend(Protocol):
         ...
 
     def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
-        """An async generator of the request's deltas, ending after the chunk with finished=True.
+        """An async generator of the request's deltas, ending after the chunk with finished=True. Each delta's text
+        is the ingress's, decoded from its ids, and the answer ends at the first stop string (answer_text.py).
 
         Closing it (aclose) or cancelling the task that awaits it before the end must abort the
         request in the worker, so that a client that went away frees the engine's memory.
@@ -66,7 +72,8 @@ class Backend(Protocol):
 
     async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
         """Each request's whole answer (its deltas merged), in order, from one call: what a non-streamed answer
-        needs. The answers are as the worker ended them (an `error` finish included; the caller checks).
+        needs (a request with stop strings is read as its own stream, so the ingress can end it at a match). The
+        answers are as the worker ended them (an `error` finish included; the caller checks).
         Cancelling the awaiting task aborts every request in the worker; errors are translated as in `stream`.
         """
         ...
@@ -145,7 +152,8 @@ class Backend(Protocol):
 class HandleBackend:
     """Backend over the worker deployment: `generate` (streaming), `generate_whole` (unary), `model_info` and
     `stats`; one worker call per HTTP request (the model-info refresh aside). The text side is this replica's own
-    (ingress/text.py): a text prompt is tokenized here and the worker gets ids.
+    (ingress/text.py): a text prompt is tokenized here and the worker gets ids; the worker answers ids and logprobs,
+    and the answer's text and its stop strings are made here (ingress/answer_text.py).
     Ray's errors for a lost replica become WorkerLost and Serve's BackPressureError becomes Overloaded
     (`_translated`)."""
 
@@ -214,6 +222,9 @@ class HandleBackend:
             yield prepared
             return
         req = prepared
+        # The answer's text, made here from the ids (answer_text.py); built at the first generated ids, so a
+        # scoring stream never needs the tokenizer.
+        answer: AnswerText | None = None
         try:
             # Inside the try: Serve's router may refuse the call right here (BackPressureError), not only on
             # the first read.
@@ -223,24 +234,59 @@ class HandleBackend:
             response = handle.generate.remote(req)
             async for chunk in response:
                 finished = chunk.finished
+                if answer is None and chunk.output_ids:
+                    answer = AnswerText((await self._text_side()).tokenizer, req.params)
+                if answer is not None:
+                    chunk = answer.feed(chunk)
+                if answer is not None and answer.stopped and not finished:
+                    # A stop string ended the answer: the worker's request ends now (the abort path, below),
+                    # before the client reads the last delta; what the engine generated past it is dropped.
+                    self._cancel(response)
+                    finished = True
                 yield chunk
+                if chunk.finished:
+                    return
         except Exception as exc:
             raise _translated(exc) from exc
         finally:
             # Reached by aclose(), by cancellation of the consuming task (client gone) and by errors.
-            # Cancelling the response cancels the replica's `generate` task: the worker sees
-            # asyncio.CancelledError at its current await and aborts the request in the engine.
             if not finished and response is not None:
-                # A call Serve refused, or whose replica died, has nothing left to cancel: its cancel() fetches
-                # the routing result and re-raises that error, which must not replace the one raised above.
-                with contextlib.suppress(Exception):
-                    response.cancel()
+                self._cancel(response)
+
+    @staticmethod
+    def _cancel(response: Any) -> None:
+        """Cancelling the response cancels the replica's `generate` task: the worker sees asyncio.CancelledError at
+        its current await and aborts the request in the engine, which frees its KV blocks."""
+        # A call Serve refused, or whose replica died, has nothing left to cancel: its cancel() fetches the routing
+        # result and re-raises that error, which must not replace the one raised in `stream`.
+        with contextlib.suppress(Exception):
+            response.cancel()
 
     async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+        """A request with stop strings is read as a stream (one streaming call each), so that the ingress, which
+        matches them, can end it in the worker when one matches; the others go as one unary call (coalesced)."""
         prepared = [await self._with_ids(r) for r in reqs]
-        sent = [p for p in prepared if isinstance(p, GenerateRequest)]
-        got = iter(await self.coalescer.answers(sent) if sent else [])
-        return [p if isinstance(p, GenerateChunk) else next(got) for p in prepared]
+        unary = [p for p in prepared if isinstance(p, GenerateRequest) and not p.params.stop_strings]
+        streamed = [p for p in prepared if isinstance(p, GenerateRequest) and p.params.stop_strings]
+
+        async def unary_answers() -> list[GenerateChunk]:
+            return [await self._with_text(w, r.params) for w, r in
+                    zip(await self.coalescer.answers(unary), unary, strict=True)] if unary else []
+
+        async def read_whole(r: GenerateRequest) -> GenerateChunk:
+            chunks = await until_finished(self.stream(r))
+            return merge_outputs(chunks) if chunks else GenerateChunk(rid=r.rid)
+
+        got = await all_or_none([unary_answers(), *(read_whole(r) for r in streamed)])
+        by_unary, by_stream = iter(got[0]), iter(got[1:])
+        return [p if isinstance(p, GenerateChunk) else next(by_stream if p.params.stop_strings else by_unary)
+                for p in prepared]
+
+    async def _with_text(self, whole: GenerateChunk, params: SamplingParams) -> GenerateChunk:
+        """A whole answer with no stop strings, its text decoded here once."""
+        if not whole.output_ids:
+            return whole
+        return AnswerText((await self._text_side()).tokenizer, params).feed(whole)
 
     async def _whole_call(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
         # One unary call for all of them: a streaming call per prompt costs a generator on both sides of the

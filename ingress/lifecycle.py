@@ -27,8 +27,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -51,25 +51,13 @@ from ingress.limits import check_fan_out, check_limits
 from ingress.retry import RetryBudget, RetryCounter
 from ingress.settings import IngressSettings
 from ingress.sse import SSEResponse
+from ingress.tasks import all_or_none
 from protocol import AdapterRef, GenerateChunk, GenerateRequest, ModelInfo, error_chunk, merge_outputs
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 Stream = AsyncGenerator[GenerateChunk, None]
 ErrorBody = Callable[[IngressError], dict[str, Any]]
 DEADLINE = "The request exceeded its deadline of {seconds:g} s (config field `request_timeout_s`)."
-
-
-async def all_or_none(aws: Iterable[Awaitable[T]]) -> list[T]:
-    """gather, but when one fails (or we are cancelled) the others are cancelled and have unwound before
-    this returns: no stream is left running inside a task nobody awaits."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Batch:

@@ -42,7 +42,6 @@ class RequestOutput:
 
     request_id: str
     new_token_ids: list[int] = field(default_factory=list, metadata=CONCAT)
-    new_text: str = field(default="", metadata=CONCAT)
     finished: bool = False
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0

@@ -41,6 +41,8 @@ class SamplingParams:
     min_p: float = 0.0
     # Same seed, same tokens, whatever else shares the batch.
     seed: int | None = None
+    # stop, skip_special_tokens, include_stop_str_in_output: the text side's (protocol/detokenizer.py, run in the
+    # ingress); the engine never reads them. It stops on stop_token_ids, EOS and length only.
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -69,7 +71,7 @@ class SamplingParams:
     adapter: AdapterRef | None = None
 
     # Derived once per request, not per generated token: a request with many stops must not cost every token a
-    # pass over them (the engine scans stops inside the step that serves the whole batch).
+    # pass over them (the detokenizer scans them after each token).
     @cached_property
     def stop_strings(self) -> tuple[str, ...]:
         """The stop strings, empty ones and repeats dropped, in the client's order."""

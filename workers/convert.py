@@ -23,7 +23,7 @@ def to_chunk(out: RequestOutput, params: SamplingParams | None = None, weight_ve
     """params: the request's, for what its answer echoes (input_logprob_temperature); weight_version: the weights
     it runs on (read when each delta is built: the engine changes weights only between requests)."""
     return GenerateChunk(
-        rid=out.request_id, text=out.new_text, output_ids=list(out.new_token_ids), finished=out.finished,
+        rid=out.request_id, output_ids=list(out.new_token_ids), finished=out.finished,
         finish_reason=out.finish_reason, prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
         cached_tokens=out.cached_tokens,
         input_token_logprobs=_rows(out.input_token_logprobs), input_top_logprobs=_tops(out.input_top_logprobs),

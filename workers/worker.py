@@ -54,8 +54,8 @@ class EngineWorker:
     """Serve deployment body (bound with options in deploy/app.py). Methods called through a handle:
     `generate` (stream=True), `generate_whole` (unary: whole answers of several requests), `model_info`, `stats`,
     `check_adapter`, `adapters_registry` and `weights_registry` (the registries' actor handles); Serve calls
-    `check_health` and `reconfigure` (user_config). It takes token ids and returns ids, logprobs and the generated
-    text (the engine matches stop strings): the text side is the ingress's (ingress/text.py)."""
+    `check_health` and `reconfigure` (user_config). It takes token ids and returns ids and logprobs: the text side
+    is the ingress's (ingress/text.py), stop strings included (ingress/answer_text.py: it closes the call to stop)."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None,
                  weight_updates: bool = False) -> None:

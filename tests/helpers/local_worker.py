@@ -4,6 +4,8 @@ cluster (tests/e2e has those)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,12 +16,19 @@ from ingress.app import build_fastapi_app
 from ingress.backend import HandleBackend
 from workers.worker import EngineWorker
 
+_closing: set[asyncio.Future[None]] = set()
+# Every streaming call's generator, held as Serve's replica holds its task: a stream the ingress stops reading without
+# cancelling it is not ended by garbage collection here either (it would hide a missing cancel).
+_streams: list[Any] = []
+
 
 class _Call:
     """A DeploymentResponse (awaitable) or DeploymentResponseGenerator (async iterable) over a direct call."""
 
     def __init__(self, result: Any) -> None:
         self._result = result
+        if hasattr(result, "aclose"):
+            _streams.append(result)
 
     def __await__(self):  # noqa: ANN204
         return self._result.__await__()
@@ -28,7 +37,14 @@ class _Call:
         return self._result.__aiter__()
 
     def cancel(self) -> None:
-        pass
+        """As Serve's: the worker's `generate` is ended at its current await, which aborts the request in the engine
+        (a unary call's coroutine has nothing left to end once awaited)."""
+        if hasattr(self._result, "aclose"):
+            with contextlib.suppress(ValueError):
+                _streams.remove(self._result)
+            task = asyncio.ensure_future(self._result.aclose())
+            _closing.add(task)  # held until done: the loop keeps only a weak reference to a task
+            task.add_done_callback(_closing.discard)
 
 
 class _Method:
@@ -54,6 +70,10 @@ class LocalHandle:
 
 def local_client(path: Path, **engine: Any) -> httpx.AsyncClient:
     """An HTTP client of the whole ingress app over one in-process worker on the checkpoint at `path` (float32)."""
-    worker = EngineWorker({"model": str(path), "dtype": "float32", **engine})
+    return client_of(EngineWorker({"model": str(path), "dtype": "float32", **engine}))
+
+
+def client_of(worker: EngineWorker) -> httpx.AsyncClient:
+    """An HTTP client of the whole ingress app over `worker` (a test that also looks into its engine)."""
     app = build_fastapi_app(HandleBackend(LocalHandle(worker)))  # type: ignore[arg-type]
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=120)

@@ -6,11 +6,12 @@ import asyncio
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from ingress.backend import HandleBackend
-from protocol import FinishReason, GenerateChunk, GenerateRequest
+from protocol import FinishReason, GenerateChunk, GenerateRequest, SamplingParams
 from tests.helpers.fakes import HANG, INFO, FakeHandle, FakeMethod
 
 
@@ -23,6 +24,13 @@ def chunks(n: int) -> list[GenerateChunk]:
 
 
 REQ = GenerateRequest(rid="r", input_ids=[1])
+
+
+def _handle(folder: Path) -> FakeHandle:
+    """A fake handle whose workers report a real model folder: the ingress decodes generated ids with its tokenizer."""
+    handle = FakeHandle()
+    handle.model_info = FakeMethod([dataclasses.replace(INFO, model_path=str(folder), vocab_size=49152)])
+    return handle
 
 
 async def test_model_info_is_cached_after_first_success():
@@ -53,8 +61,8 @@ async def test_model_info_is_asked_again_in_the_background_once_old(monkeypatch)
     assert len(handle.model_info.responses) >= 3
 
 
-async def test_stream_goes_through_the_streaming_handle_and_is_not_cancelled_when_complete():
-    handle = FakeHandle()
+async def test_stream_goes_through_the_streaming_handle_and_is_not_cancelled_when_complete(smollm2_path: Path):
+    handle = _handle(smollm2_path)
     backend = HandleBackend(handle)
     handle.options(stream=True).generate = FakeMethod(chunks(3))
     got = [c async for c in backend.stream(REQ)]
@@ -64,8 +72,8 @@ async def test_stream_goes_through_the_streaming_handle_and_is_not_cancelled_whe
     assert not handle.options(stream=True).generate.responses[0].cancelled
 
 
-async def test_closing_the_stream_early_cancels_the_worker_call():
-    handle = FakeHandle()
+async def test_closing_the_stream_early_cancels_the_worker_call(smollm2_path: Path):
+    handle = _handle(smollm2_path)
     backend = HandleBackend(handle)
     handle.options(stream=True).generate = FakeMethod(chunks(5))
     stream = backend.stream(REQ)
@@ -74,8 +82,8 @@ async def test_closing_the_stream_early_cancels_the_worker_call():
     assert handle.options(stream=True).generate.responses[0].cancelled
 
 
-async def test_cancelling_the_consumer_cancels_the_worker_call():
-    handle = FakeHandle()
+async def test_cancelling_the_consumer_cancels_the_worker_call(smollm2_path: Path):
+    handle = _handle(smollm2_path)
     backend = HandleBackend(handle)
     handle.options(stream=True).generate = FakeMethod([chunks(2)[0], HANG])
 
@@ -91,8 +99,8 @@ async def test_cancelling_the_consumer_cancels_the_worker_call():
     assert handle.options(stream=True).generate.responses[0].cancelled
 
 
-async def test_worker_error_propagates_and_cancels():
-    handle = FakeHandle()
+async def test_worker_error_propagates_and_cancels(smollm2_path: Path):
+    handle = _handle(smollm2_path)
     backend = HandleBackend(handle)
     handle.options(stream=True).generate = FakeMethod([chunks(2)[0], RuntimeError("actor died")])
     with pytest.raises(RuntimeError):
@@ -101,8 +109,8 @@ async def test_worker_error_propagates_and_cancels():
     assert handle.options(stream=True).generate.responses[0].cancelled
 
 
-async def test_answers_are_one_unary_call_for_the_whole_batch():
-    handle = FakeHandle()
+async def test_answers_are_one_unary_call_for_the_whole_batch(smollm2_path: Path):
+    handle = _handle(smollm2_path)
     backend = HandleBackend(handle)
     wholes = [chunks(1)[0], chunks(1)[0]]
     handle.generate_whole = FakeMethod([wholes])
@@ -158,3 +166,50 @@ def test_ingress_never_imports_the_engine():
         "assert hasattr(Ingress.func_or_class, '__serve_build_asgi_app__')"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# "Hello world, this is a test." in SmolLM2's tokenizer: Hello| world|,| this| is| a| test|.
+HELLO = [19556, 905, 28, 451, 314, 253, 1028, 30]
+
+
+def _generated(pieces: list[list[int]]) -> list[GenerateChunk]:
+    """A worker's deltas of HELLO's ids in `pieces`, each id with a logprob row, ending at length."""
+    out, n = [], 0
+    for i, ids in enumerate(pieces):
+        n += len(ids)
+        last = i == len(pieces) - 1
+        out.append(GenerateChunk(rid="s", output_ids=ids, output_token_logprobs=[[-0.5, t] for t in ids],
+                                 completion_tokens=n, finished=last,
+                                 finish_reason=FinishReason("length") if last else None))
+    return out
+
+
+STOPPED = GenerateRequest(rid="s", input_ids=[1], params=SamplingParams(max_tokens=8, stop=["ld, th"],
+                                                                        return_logprob=True))
+
+
+async def test_a_stop_string_ends_the_answer_at_its_token_and_cancels_the_worker_call(smollm2_path: Path):
+    """The engine went on past the stop (the ingress matches it): its later ids never reach the answer."""
+    handle = _handle(smollm2_path)
+    backend = HandleBackend(handle)
+    handle.options(stream=True).generate = FakeMethod(_generated([HELLO[:1], HELLO[1:2], HELLO[2:5], HELLO[5:]]))
+    got = [c async for c in backend.stream(STOPPED)]
+    assert [c.output_ids for c in got] == [HELLO[:1], HELLO[1:2], HELLO[2:4]]
+    assert "".join(c.text for c in got) == "Hello wor"
+    last = got[-1]
+    assert last.finished and last.finish_reason == FinishReason("stop", matched="ld, th")
+    assert last.completion_tokens == 4 and last.output_token_logprobs == [[-0.5, t] for t in HELLO[2:4]]
+    assert handle.options(stream=True).generate.responses[0].cancelled  # the abort path: the engine stops
+
+
+async def test_answers_with_stop_strings_read_one_stream_each(smollm2_path: Path):
+    handle = _handle(smollm2_path)
+    backend = HandleBackend(handle)
+    handle.options(stream=True).generate = FakeMethod(_generated([[t] for t in HELLO]))
+    handle.generate_whole = FakeMethod([[_generated([HELLO])[0]]])
+    plain = GenerateRequest(rid="p", input_ids=[1], params=SamplingParams(max_tokens=8))
+    stopped, whole = await backend.answers([STOPPED, plain])
+    assert stopped.output_ids == HELLO[:4] and stopped.text == "Hello wor" and stopped.completion_tokens == 4
+    assert stopped.finish_reason == FinishReason("stop", matched="ld, th")
+    assert whole.text == "Hello world, this is a test." and whole.output_ids == HELLO
+    assert len(handle.options(stream=True).generate.responses) == 1 and len(handle.generate_whole.responses) == 1

@@ -161,6 +161,26 @@ async def test_tokenizer_routes_and_seed_text_prompt(counted, smollm2_path: Path
     assert _worker_calls(calls) == {"generate_whole": 1}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_stop_string_is_matched_here_in_one_worker_call(counted, stream: bool) -> None:  # noqa: ANN001
+    """The fake worker generates ids 41, 42, ... ("9", ":", ";", "<", ...) and knows nothing of stop strings: the
+    ingress matches them, ends the answer and closes the call; streamed or not, that is one call."""
+    c, calls = counted
+    async with c:
+        await _warm(c, calls)
+        body = {"model": "tiny", "prompt": [40], "max_tokens": 10, "stop": [";<"], "stream": stream}
+        r = await c.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        if stream:
+            events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+            text = "".join(ch["text"] for ev in events for ch in ev["choices"])
+            finish = [ch["finish_reason"] for ev in events for ch in ev["choices"] if ch["finish_reason"]]
+        else:
+            text, finish = r.json()["choices"][0]["text"], [r.json()["choices"][0]["finish_reason"]]
+        assert text == "9:" and finish == ["stop"]
+    assert _worker_calls(calls) == {"generate": 1}
+
+
 async def test_a_text_prompt_the_rules_refuse_never_reaches_a_worker(smollm2_path: Path) -> None:
     """The 400 chunk the worker answered when it tokenized (an empty or over-long text) now comes from here."""
     worker = FakeBackend()
