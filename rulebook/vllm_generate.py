@@ -14,7 +14,6 @@ from typing import Any
 
 from rulebook.refused import Refused, Why, refusal
 from rulebook.rules import Violation
-from rulebook.vllm_media import FEATURES
 
 # vLLM's bound on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS: the sampler's per-request row width).
 MAX_LOGPROB_TOKEN_IDS = 128
@@ -47,7 +46,8 @@ REFUSED_BODY: Mapping[str, Refused] = {
     "output_mode": Refused("the answer is token ids (POST /detokenize decodes them)", ("tokens",)),
     "cache_salt": Refused(Why.SHARED_CACHE), "priority": Refused(Why.ARRIVAL_ORDER, (0,)),
     "kv_transfer_params": Refused(Why.DISAGGREGATION), "ec_transfer_params": Refused(Why.DISAGGREGATION),
-    "features": Refused("multimodal features are not taken: images go in content_parts"),
+    "features": Refused("vLLM's /render output (its processor's tensors, msgpack-serialized) is not taken: send the "
+                        "images as `content_parts` beside the same token_ids"),
     "reasoning_ended": Refused(Why.NOT_PARSED),
     "reasoning_parser_kwargs": Refused(Why.NOT_PARSED), "token_offsets": Refused("token offsets are not taken"),
 }
@@ -100,10 +100,7 @@ def field_violation(name: str, value: Any, honoured: tuple[str, ...], refused: M
     param = f"{where}{name}"
     if name not in refused:
         return Violation(UNKNOWN.format(name=param), param=param)
-    found = refusal(param, value, refused[name], "docs/vllm.md")
-    if found is not None and param == "features":  # vLLM's serialized tensors: its own message, quoting none
-        return Violation(FEATURES, param=param)
-    return found
+    return refusal(param, value, refused[name], "docs/vllm.md")
 
 
 def sampling_violation(sp: Mapping[str, Any]) -> Violation | None:

@@ -44,9 +44,6 @@ PART_KEY = "The {where} has the key `{key}`: a content part here has only type, 
 STRAY_PAYLOAD = "The {where} is a `{kind}` part with a `{key}`: one part carries one thing."
 PART_TYPE = ("The {where} has type {kind!r}: vLLM's /inference/v1/generate resolves `image_url` (and audio_url, "
              "video_url); this server takes `image_url` only (docs/vllm.md).")
-FEATURES = ("`features` (vLLM's /render output: its processor's tensors, msgpack-serialized) is not taken by this "
-            "server: send the images as `content_parts` ([{\"type\": \"image_url\", \"url\": \"data:image/...\"}]) "
-            "beside the same token_ids (docs/vllm.md).")
 
 
 def media_part_violation(kind: str, where: str, param: str) -> Violation | None:

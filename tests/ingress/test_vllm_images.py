@@ -159,7 +159,8 @@ def _bad_token_bodies() -> list[tuple[dict, str, str]]:
     big = "A" * 200_000
     return [
         ({"token_ids": ids, "sampling_params": sp, "features": {"mm_hashes": {"image": ["h"]}, "mm_placeholders": {
-            "image": [{"offset": 2, "length": 1}]}, "kwargs_data": {"image": [big]}}}, "features", vm.FEATURES),
+            "image": [{"offset": 2, "length": 1}]}, "kwargs_data": {"image": [big]}}}, "features",
+         "send the images as `content_parts` beside the same token_ids"),
         ({"token_ids": ids, "sampling_params": sp, "content_parts": [{"type": "audio_url", "url": url}]},
          "content_parts", "type 'audio_url'"),
         ({"token_ids": ids, "sampling_params": sp, "content_parts": [{"type": "image_url", "uuid": "u"}]},
