@@ -12,10 +12,12 @@ time of the text side small) and a 1,024-id vocabulary.
 
 Workload per image size: `--requests` scoring requests (every row, N = 0) submitted together, each with `--images`
 images of size x size pixels (448: 32 x 32 patches, 256 image tokens; 1344: 96 x 96 patches, 2,304 tokens) between
-16-token texts; max_num_batched_tokens 2048 (its default), max_num_seqs = requests. Sides: `off` (a budget no batch
-reaches: every image a step's chunks reach is encoded in that step), `default` (4 x 2048 = 8,192 patches) and `one`
-(one image's patches). Peak: the CPU allocator's most bytes held at once during the whole batch beyond what was alive
-before it (checks/cpu_peak.py; on CUDA torch.cuda.max_memory_allocated), so the KV cache and weights are not in it.
+16-token texts (default: 6 requests of two 448² images, 2 requests of one 1344² image); max_num_batched_tokens 2048
+(its default), max_num_seqs = requests. Sides: `off` (a budget no batch reaches: every image a step's chunks reach
+is encoded in that step), `default` (4 x 2048 = 8,192 patches) and `one` (one image's patches; left out when that is
+no less than the default, where `default` already runs each image alone). Peak: the CPU allocator's most bytes held
+at once during the whole batch beyond what was alive before it (checks/cpu_peak.py; on CUDA
+torch.cuda.max_memory_allocated), so the KV cache and weights are not in it.
 Also per side: the batch's seconds (under the profiler, the same for every side), its longest step (what a decode
 sharing the step waits), the most patches one step encoded, the most held between steps (as MiB of kept decoder
 embeddings: patches / 4 x 3,584 x 4 bytes), and the largest |row difference| against the `off` side.
@@ -131,28 +133,30 @@ def run_side(path: Path, prompts: list[list[int]], images: list[list[Any]], budg
             "rows": [v for i in range(len(prompts)) for v in got[f"r{i}"]]}
 
 
-def table(results: list[dict[str, Any]], out_hidden: int) -> str:
-    head = ("| image | requests x images | side | budget (patches) | peak MiB | peak / off | most patches in a step | "
-            "most held (MiB of embeddings) | steps | batch s | longest step s | longest step / off | max row diff |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    lines = []
-    for r in results:
-        off = next(o for o in results if o["size"] == r["size"] and o["side"] == "off")
-        held_mib = r["max_held_patches"] / 4 * out_hidden * 4 / 2**20
-        budget = "off" if r["side"] == "off" else f"{r['budget']:,}"
-        lines.append(f"| {r['size']}² | {r['shape']} | {r['side']} | {budget} | {r['peak_b'] / 2**20:,.0f} | "
-                     f"{r['peak_b'] / off['peak_b']:.2f}x | {r['max_step_patches']:,} | {r['max_held_patches']:,} "
-                     f"({held_mib:,.0f}) | {r['steps']} | {r['wall_s']:.1f} | {r['longest_step_s']:.1f} | "
-                     f"{r['longest_step_s'] / off['longest_step_s']:.2f}x | {r['row_diff']:.1e} |")
-    return "\n".join([head, *lines])
+HEAD = ("| image | requests x images | side | budget (patches) | peak MiB | peak / off | most patches in a step | "
+        "most held (MiB of embeddings) | steps | batch s | longest step s | longest step / off | max row diff | "
+        "load 1 / 5 / 15 min |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def row(r: dict[str, Any], off: dict[str, Any], out_hidden: int) -> str:
+    """One side's line of the table, against the `off` side of the same size, with the load average as it ends."""
+    load = os.getloadavg()
+    held_mib = r["max_held_patches"] / 4 * out_hidden * 4 / 2**20
+    budget = "off" if r["side"] == "off" else f"{r['budget']:,}"
+    diff = max(abs(x - y) for x, y in zip(r["rows"], off["rows"], strict=True))
+    return (f"| {r['size']}² | {r['shape']} | {r['side']} | {budget} | {r['peak_b'] / 2**20:,.0f} | "
+            f"{r['peak_b'] / off['peak_b']:.2f}x | {r['max_step_patches']:,} | {r['max_held_patches']:,} "
+            f"({held_mib:,.0f}) | {r['steps']} | {r['wall_s']:.1f} | {r['longest_step_s']:.1f} | "
+            f"{r['longest_step_s'] / off['longest_step_s']:.2f}x | {diff:.1e} | "
+            f"{load[0]:.0f} / {load[1]:.0f} / {load[2]:.0f} |")
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench image_budget", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[448, 1344], help="image sides in pixels")
-    ap.add_argument("--requests", type=int, nargs="+", default=[8, 4], help="requests per size (in --sizes order)")
-    ap.add_argument("--images", type=int, nargs="+", default=[3, 1], help="images per request, per size")
+    ap.add_argument("--requests", type=int, nargs="+", default=[6, 2], help="requests per size (in --sizes order)")
+    ap.add_argument("--images", type=int, nargs="+", default=[2, 1], help="images per request, per size")
     ap.add_argument("--depth", type=int, default=2, help="vision tower blocks (the last one full attention)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=2)
@@ -162,20 +166,21 @@ def main(argv: list[str] | None = None) -> None:
     if a.smoke:
         a.sizes, a.requests, a.images = [112, 224], [3, 2], [2, 1]
     out_hidden = 64 if a.smoke else OUT_HIDDEN
-    results = []
+    print(f"Qwen2.5-VL-7B tower widths, depth {a.depth}; {a.threads} threads on {a.device}; each row printed as its "
+          "side ends, with the machine's load average then")
+    print(HEAD, flush=True)
     with tempfile.TemporaryDirectory(prefix="rayscore-image-budget-") as tmp:
         path = build(Path(tmp), a.depth, a.smoke)
         for size, requests, per in zip(a.sizes, a.requests, a.images, strict=True):
             prompts, images = batch(size, requests, per)
             one = images[0][0].num_patches
-            for side, budget in (("off", OFF), ("default", None), ("one", one)):
-                r = run_side(path, prompts, images, budget, a.device)
-                results.append({**r, "size": size, "side": side, "shape": f"{requests} x {per}"})
-                print(f"{size}² {side}: {r['wall_s']:.1f} s, peak {r['peak_b'] / 2**20:.0f} MiB", flush=True)
-        for r in results:
-            off = next(o for o in results if o["size"] == r["size"] and o["side"] == "off")
-            r["row_diff"] = max(abs(x - y) for x, y in zip(r["rows"], off["rows"], strict=True))
-    load = os.getloadavg()
-    print(f"\nQwen2.5-VL-7B tower widths, depth {a.depth}; {a.threads} threads on {a.device}; load average "
-          f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min) at the end")
-    print(table(results, out_hidden))
+            default = 4 * 2048  # EngineConfig's, at max_num_batched_tokens 2048
+            sides: list[tuple[str, int | None]] = [("off", OFF), ("default", None)]
+            if one < default:  # else `one` plans what `default` does: each image alone
+                sides.append(("one", one))
+            off: dict[str, Any] | None = None
+            for side, budget in sides:
+                r = {**run_side(path, prompts, images, budget, a.device), "size": size, "side": side,
+                     "shape": f"{requests} x {per}"}
+                off = off or r
+                print(row(r, off, out_hidden), flush=True)
