@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from protocol.images import MERGE
 from rulebook.limits import MAX_LOGPROB_ENTRIES, MAX_TOP_LOGPROBS
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "none"]
@@ -61,6 +62,16 @@ class EngineConfig:
                                                     "before the other requests have had theirs (the budget left "
                                                     "then goes back to it): a short request is not held behind a "
                                                     "long prompt. Default: max_num_batched_tokens / 4.")
+    # engine/core/image_budget.py: patches, the unit the tower's activations grow with; vLLM's
+    # max_num_batched_encoder_embeds counts the merged tokens (patches / 4) and defaults to max_num_batched_tokens.
+    max_image_patches_per_step: int | None = _doc(None, "Image budget of a vision-language model: vision-tower "
+                                                  "patches (an image's rows before the 2 x 2 merger; 4 per image "
+                                                  "token) encoded and not yet consumed at once. A step runs the "
+                                                  "tower only for images that fit what the held ones leave; a chunk "
+                                                  "that reaches another waits before that image's run. An image "
+                                                  "larger than the budget runs alone. Default: 4 x "
+                                                  "max_num_batched_tokens (as many image tokens as a step's token "
+                                                  "budget).")
     # The LM head + log-softmax of scoring runs over chunks of this many rows: the extra memory of scoring is
     # bounded by about rows x vocab x 4 bytes whatever the prompt length (engine/runner/score_chunks.py).
     score_rows_per_block: int | None = _doc(None, "Rows per LM-head chunk when scoring: bounds scoring's extra "
@@ -150,7 +161,7 @@ class EngineConfig:
         if self.max_top_logprobs < 0:
             raise ValueError(f"max_top_logprobs must be non-negative, got {self.max_top_logprobs}")
         for name in ("num_kv_blocks", "max_model_len", "num_threads", "long_prefill_token_threshold",
-                     "score_rows_per_block"):
+                     "score_rows_per_block", "max_image_patches_per_step"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive when set, got {value}")
@@ -184,6 +195,11 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens cannot rise above {self.max_num_batched_tokens} in place with "
                              "batch_invariant on (its checks covered steps up to that size): change it in `args`")
         return replace(self, **changes)
+
+    @property
+    def image_patch_budget(self) -> int:
+        """max_image_patches_per_step, or its default: the patches of max_num_batched_tokens image tokens."""
+        return self.max_image_patches_per_step or MERGE * MERGE * self.max_num_batched_tokens
 
     @property
     def value_mode(self) -> str:

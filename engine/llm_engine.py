@@ -75,7 +75,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
                                    hidden_state_store=config.hidden_state_store,
                                    long_prefill_token_threshold=config.long_prefill_token_threshold,
-                                   adapters=AdapterQueue(self.lora))
+                                   adapters=AdapterQueue(self.lora), max_image_patches=self._image_budget(config))
         self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel, self.lora,
                                   self.max_model_len)
         if self.parallel is not None:
@@ -183,7 +183,12 @@ class LLMEngine:
         """Take `config` (this engine's with other RUNTIME_FIELDS: EngineConfig.with_runtime) between two steps: the
         scheduler's budget here; the limits and timeouts are read from self.config where they are checked."""
         self.config = config
-        self.scheduler.set_budget(config.max_num_batched_tokens, config.long_prefill_token_threshold)
+        self.scheduler.set_budget(config.max_num_batched_tokens, config.long_prefill_token_threshold,
+                                  self._image_budget(config))
+
+    def _image_budget(self, config: EngineConfig) -> int | None:
+        """The scheduler's image budget: a vision-language model's (its default follows max_num_batched_tokens)."""
+        return config.image_patch_budget if self.model.multimodal else None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -18,6 +18,7 @@ class StepRecord:
     duration_s: float  # schedule + execute + update, wall clock
     num_tokens: int  # tokens computed by the transformer in this step (prefill chunks + decodes)
     num_seqs: int  # requests in the step
+    image_patches: int = 0  # vision-tower patches encoded in the step (a vision-language model's image budget)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class EngineCounters:
 
     def on_step(self, sched: SchedulerOutput, duration_s: float) -> None:
         self.steps += 1
-        self.pending_steps.append(StepRecord(duration_s, sched.num_tokens, len(sched.chunks)))
+        self.pending_steps.append(StepRecord(duration_s, sched.num_tokens, len(sched.chunks), sched.image_patches))
 
     def drain_steps(self) -> list[StepRecord]:
         """The step records since the last drain (safe from another thread: deque pops are atomic)."""

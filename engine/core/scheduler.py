@@ -4,6 +4,9 @@ A long prefill never takes the whole step while others wait: each request's chun
 long_prefill_token_threshold, and the budget left after everyone had a turn goes back to the capped chunks,
 fewest tokens left first. A request that arrives during a long prefill is computed in the next step (whole if
 it fits the budget the long one leaves); a long prefill alone still fills the whole budget.
+
+With a vision-language model a second budget bounds the vision tower: a chunk is cut before an image whose tower
+has not run when the step's image budget cannot take it (image_budget.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.core.adapter_queue import AdapterQueue
+from engine.core.image_budget import ImageBudget
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.sequence import Sequence, SequenceStatus
 
@@ -34,6 +38,9 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     # Waiting requests whose LoRA adapter could not be loaded, and why: the engine ends them with that error.
     refused: list[tuple[Sequence, str]] = field(default_factory=list)
+    # Patches of the images whose vision tower runs in this step (the runner encodes exactly these): at most the
+    # image budget, or one image larger than it, alone.
+    image_patches: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -43,23 +50,27 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
                  hidden_state_store: bool = True, long_prefill_token_threshold: int | None = None,
-                 adapters: AdapterQueue | None = None) -> None:
-        """adapters: which waiting requests may take a LoRA adapter's slot (None: no adapters served)."""
+                 adapters: AdapterQueue | None = None, max_image_patches: int | None = None) -> None:
+        """adapters: which waiting requests may take a LoRA adapter's slot (None: no adapters served).
+        max_image_patches: the image budget, vision-tower patches encoded and not yet consumed at once (None: a text
+        model, no budget)."""
         self.kv = kv
         self.adapters = adapters
         self.hidden_state_store = hidden_state_store
-        self.set_budget(max_num_batched_tokens, long_prefill_token_threshold)
+        self.set_budget(max_num_batched_tokens, long_prefill_token_threshold, max_image_patches)
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest first: the newest is preempted first
         self.num_preemptions = 0  # since start: each one frees a request's blocks for a later recompute
 
-    def set_budget(self, max_num_batched_tokens: int, long_prefill_token_threshold: int | None) -> None:
+    def set_budget(self, max_num_batched_tokens: int, long_prefill_token_threshold: int | None,
+                   max_image_patches: int | None = None) -> None:
         """The step's token budget and a long prefill's first share; changed between steps (a worker's user_config):
         each step schedules from the counters alone, so a request mid-prefill goes on under the new budget."""
         self.max_num_batched_tokens = max_num_batched_tokens
         # A request's first share of a step; None: a quarter of the budget (EngineConfig's default).
         self.chunk_cap = long_prefill_token_threshold or max(1, max_num_batched_tokens // 4)
+        self.images = ImageBudget(max_image_patches) if max_image_patches is not None else None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -72,11 +83,33 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.images is not None:
+            self.images.start_step(sum(seq.images.held_patches for seq in self.running if seq.images is not None))
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:  # a step that had to preempt admits nobody new
             budget = self._schedule_waiting(out, budget)
         self._extend_capped(out, budget)
+        out.image_patches = self._image_patches(out)
         return out
+
+    def _fit_images(self, seq: Sequence, n: int, start: int | None = None) -> int:
+        """n, or fewer tokens when the step's image budget cannot take an image they reach (image_budget.py)."""
+        if self.images is None:
+            return n
+        return self.images.fit(seq.images, seq.num_computed_tokens if start is None else start, n)
+
+    @staticmethod
+    def _image_patches(out: SchedulerOutput) -> int:
+        """Patches of the distinct images the step's chunks reach whose tower output is not held."""
+        seen: set[tuple[int, int]] = set()
+        total = 0
+        for c in out.chunks:
+            if c.seq.images is not None:
+                for i, _ in c.seq.images.needing_tower(c.start, c.num_tokens):
+                    if (id(c.seq.images), i) not in seen:
+                        seen.add((id(c.seq.images), i))
+                        total += c.seq.images.images[i].num_patches
+        return total
 
     def _first_share(self, seq: Sequence, budget: int) -> int:
         """Tokens a request gets before everyone else scheduled this step has had a turn."""
@@ -89,7 +122,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = self._first_share(seq, budget)
+            n = self._fit_images(seq, self._first_share(seq, budget))
+            if n == 0:  # its next image waits for the image budget
+                i += 1
+                continue
             while not self.kv.allocate(seq, n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -120,8 +156,9 @@ class Scheduler:
                     if first:
                         seq.num_cached_tokens = cached
                 # May be 0: a scoring request whose whole prompt is cached runs no layer at all.
-                n = self._first_share(seq, budget)
-                if not self.kv.allocate(seq, n):
+                share = self._first_share(seq, budget)
+                n = self._fit_images(seq, share)
+                if (n == 0 < share) or not self.kv.allocate(seq, n):  # its first image waits, or the KV is full
                     self.kv.free(seq)  # don't sit on cached blocks while waiting (an adapter's slot it keeps)
                     seq.num_computed_tokens = 0
                     return budget
@@ -157,6 +194,8 @@ class Scheduler:
                 return
             seq = chunk.seq
             extra = min(left(chunk), budget)
+            if extra > 0:
+                extra = self._fit_images(seq, chunk.num_tokens + extra, chunk.start) - chunk.num_tokens
             if extra <= 0 or not self.kv.allocate(seq, chunk.num_tokens + extra):
                 continue
             chunk.num_tokens += extra
@@ -172,6 +211,8 @@ class Scheduler:
         it (None when the chunk does not end a generating request's context)."""
         seq = chunk.seq
         seq.num_computed_tokens += chunk.num_tokens
+        if seq.images is not None:
+            seq.images.release(seq.num_computed_tokens)
         seq.num_scored_rows += num_scored_rows
         if sampled is not None:
             seq.token_ids.append(sampled)
@@ -202,6 +243,8 @@ class Scheduler:
         self.running.remove(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0
+        if seq.images is not None:  # a waiting request holds no tower output: the budget counts running ones
+            seq.images.release_all()
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
@@ -211,5 +254,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.kv.free(seq)
+        if seq.images is not None:
+            seq.images.release_all()
         seq.status = SequenceStatus.FINISHED
         seq.finished_time = time.monotonic()

@@ -40,6 +40,12 @@ class ImageInput:
         return cls(pixels, data.grid_thw, data.digest)
 
     @property
+    def num_patches(self) -> int:
+        """Patches the vision tower runs over (its rows before the merger): the unit of the step's image budget."""
+        t, h, w = self.grid_thw
+        return t * h * w
+
+    @property
     def num_tokens(self) -> int:
         """Placeholder tokens the image takes in the prompt: its patches over the 2 x 2 merge."""
         t, h, w = self.grid_thw

@@ -1,6 +1,8 @@
 """A request's images inside the engine: where their placeholder runs sit, the prompt's M-RoPE positions, and the
-vision tower's output for each image once computed (kept until the request ends, so the tower runs once per image
-per request however the prefill is chunked or preempted)."""
+vision tower's output for each image once computed: kept while any of the image's placeholder tokens is still to be
+computed (so a prefill chunked anywhere, inside the run too, runs the tower once per image), dropped once the KV cache
+holds them all or the request is preempted (the scheduler's image budget, engine/core/image_budget.py, counts what is
+kept)."""
 
 from __future__ import annotations
 
@@ -53,6 +55,28 @@ class RequestImages:
             if lo < hi:
                 hits.append((i, span, lo - span.start, hi - span.start))
         return hits
+
+    def needing_tower(self, start: int, n: int) -> list[tuple[int, ImageSpan]]:
+        """(image index, its span) of each image whose run meets token indices start .. start + n - 1 and whose
+        tower output is not held: what computing those tokens would put through the tower."""
+        return [(i, span) for i, span, _, _ in self.overlapping(start, n) if self.outputs[i] is None]
+
+    @property
+    def held_patches(self) -> int:
+        """Patches of the images whose tower output is held (each output has num_patches / merge^2 rows)."""
+        return sum(image.num_patches for image, out in zip(self.images, self.outputs, strict=True) if out is not None)
+
+    def release(self, computed: int) -> None:
+        """Drop the output of every image whose whole run lies before token index `computed`: its rows are in the KV
+        cache, and a recompute (after preemption) or a later prefix hit needs no embedding of it."""
+        for i, span in enumerate(self.spans):
+            if span.end <= computed:
+                self.outputs[i] = None
+
+    def release_all(self) -> None:
+        """Drop every output (the request ended, or was preempted: its recompute runs the tower again where the
+        prefix cache does not cover the image's run)."""
+        self.outputs = [None] * len(self.images)
 
     def block_keys(self, lo: int, hi: int) -> tuple[int, ...]:
         """The digests of the images whose runs meet token indices lo .. hi - 1: a prefix-cache block's extra key."""

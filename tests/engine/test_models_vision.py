@@ -1,7 +1,8 @@
 """Vision-language families (Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) against transformers' float32 forward and
 generate, on tiny random checkpoints (tests/helpers/tiny_vision.py): scoring rows with images, chunked prefill that
 splits the text around and inside an image's placeholder run, greedy generation (M-RoPE positions after the prompt),
-the vision tower run once per image per request, and text-only requests beside image requests."""
+the vision tower run once per image per request, and text-only requests beside image requests (test_image_budget.py:
+the step's image budget)."""
 
 from __future__ import annotations
 
@@ -164,15 +165,17 @@ async def test_async_engine_carries_images() -> None:
     assert _diff(plain.input_token_logprobs, text, 0, vl_scores(path, text, [], 0)) <= ATOL
 
 
-def test_preempted_image_requests_keep_their_tower_output() -> None:
-    """A KV pool too small for both requests: one is preempted and recomputed; its tokens still equal generate, and
-    its image is not put through the tower again."""
+def test_preempted_image_requests_recompute_exactly() -> None:
+    """A KV pool too small for both requests: one is preempted (each time after its image was encoded) and
+    recomputed; its tokens still equal generate. A preempted request holds no tower output while it waits (the image
+    budget counts running requests only), so each recompute encodes its image again, as vLLM frees a preempted
+    request's encoder outputs."""
     path = vlm_path("qwen2_5_vl")
     prompts = [_prompt("qwen2_5_vl", ((150, 100),), [5], seed=s, length=20) for s in (8, 9)]
     eng = make_engine(path, max_num_batched_tokens=16, num_kv_blocks=16)
     outs = eng.generate([ids for ids, _ in prompts], greedy(8), check=True, images=[im for _, im in prompts])
     assert eng.scheduler.num_preemptions > 0
-    assert eng.runner.vision is not None and eng.runner.vision.tower_runs == 2
+    assert eng.runner.vision is not None and eng.runner.vision.tower_runs == 2 + eng.scheduler.num_preemptions
     for (ids, images), out in zip(prompts, outs, strict=True):
         assert out.new_token_ids == vl_generate(path, ids, images, 8)
 
