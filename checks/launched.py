@@ -24,8 +24,8 @@ def free_port() -> int:
 
 
 def launch(config: Path, run_dir: Path, overrides: dict[str, object]) -> tuple[subprocess.Popen, str]:
-    """The launcher on a copy of `config` (`run_dir/serve.yaml`) with a free port and `overrides` in its app's args,
-    its output in `run_dir/serve.log`, started and not waited for; its base URL."""
+    """The launcher on a copy of `config` in `run_dir` with a free port and `overrides` in its app's args, its output
+    in the run's serve.log there, started and not waited for; its base URL."""
     from deploy.front_door import private_haproxy_files
 
     port = free_port()
