@@ -11,9 +11,10 @@ Per config (default: every configs/*.yaml with `applications`), --rounds times i
    HAProxy processes recorded by the shim than before; a second scoring request;
 3. stop: SIGINT to the launcher's process group (Ctrl-C) in odd rounds, SIGTERM (a supervisor) in even ones, until
    the launcher ends (SIGKILL after --step-timeout-s, a failure);
-4. what is left once the launcher ended (up to 30 s for the rest to go): processes of the run (its session, or a
-   command line naming its HAProxy folder or its Ray session) and ports the run listened on that still listen. Those
-   processes are the run's own: they are then killed so the next round starts clean, and the round fails.
+4. what is left once the launcher ended (up to 30 s for the rest to go, zombies reaped included): processes of the
+   run (its session, or a command line naming its HAProxy folder or its Ray session) and ports the run listened on
+   that still listen. Those processes are the run's own: they are then killed so the next round starts clean, and
+   the round fails.
 A config whose workers ask for GPUs runs on CPU where there are none, its device fields overridden (the table says so).
 Each step is bounded by --step-timeout-s. Prints a table and one JSON line; exit status 1 when a round failed.
 """
@@ -57,11 +58,12 @@ class Round:
     start_s: float | None = None
     reload_s: float | None = None
     stop_s: float | None = None
+    gone_s: float | None = None  # from the launcher's end until no process of the run (zombies included) and no port
     haproxy_started: int = 0  # HAProxy processes the shim became (first start and reloads)
     reaped_by_launcher: int = 0  # of them, killed by the launcher after Serve stopped (deploy/launch.py)
     ports: list[int] = field(default_factory=list)  # TCP ports the run listened on
     left: list[str] = field(default_factory=list)  # processes of the run alive after the stop
-    zombies: int = 0  # ended processes of the run not yet reaped
+    zombies: int = 0  # ended processes of the run still not reaped SETTLE_S after the launcher's end
     ports_left: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -200,16 +202,19 @@ def one_round(config_path: Path, number: int, step_timeout_s: float, has_gpu: bo
 
 
 def leftovers(result: Round, session: int, marks: list[str], ports: dict[int, int]) -> None:
-    """Fill in what the run left (waiting up to SETTLE_S for it to go), then kill those processes of the run."""
+    """Fill in what the run left once the launcher ended: wait up to SETTLE_S for every process of the run to be gone
+    (zombies reaped too) and its ports closed; then kill the processes of the run still alive."""
     result.ports = sorted(ports)
-    deadline = time.monotonic() + SETTLE_S
+    began = time.monotonic()
     while True:
         procs = process_table.of_run(session, marks)
         alive = [p for p in procs if p.state != "Z"]
         still = [port for port in ports if port in process_table.listening()]
-        if (not alive and not still) or time.monotonic() > deadline:
+        if (not procs and not still) or time.monotonic() - began > SETTLE_S:
             break
-        time.sleep(1)
+        time.sleep(0.5)
+    if not procs and not still:
+        result.gone_s = round(time.monotonic() - began, 1)
     result.left = [str(p) for p in alive]
     result.zombies = len(procs) - len(alive)
     result.ports_left = [f"{port} ({process_table.port_owner(port) or 'owner not found'})" for port in still]
@@ -221,10 +226,11 @@ def leftovers(result: Round, session: int, marks: list[str], ports: dict[int, in
 
 
 def table(rounds: list[Round]) -> str:
-    head = ("config", "round", "stop by", "start s", "reload s", "stop s", "HAProxy runs", "left", "ports left",
-            "result")
+    head = ("config", "round", "stop by", "start s", "reload s", "stop s", "all gone s", "HAProxy runs", "left",
+            "ports left", "result")
     rows = [head] + [(r.config + (" (CPU fit)" if r.fitted else ""), str(r.round), r.signal, f"{r.start_s}",
-                      f"{r.reload_s}", f"{r.stop_s}", f"{r.haproxy_started} ({r.reaped_by_launcher} reaped)",
+                      f"{r.reload_s}", f"{r.stop_s}", f"{r.gone_s}", f"{r.haproxy_started} ({r.reaped_by_launcher} "
+                      "reaped)",
                       f"{len(r.left)}" + (f" +{r.zombies} zombie" if r.zombies else ""), str(len(r.ports_left)),
                       "ok" if r.ok else (r.error or "leftovers")) for r in rounds]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
