@@ -22,7 +22,8 @@ Tools, by folder (bench/lib/ holds the harness, timing and reports; bench/worklo
   checks/      (the correctness tools, a package of their own that the tests import) reliability (flood, kill,
                drain, abandon against a server), cluster_faults (node loss and redeploy on several raylets),
                lm_eval_compare (lm-eval through rayscore vs its hf backend), invariant_device (batch-invariant
-               mode's checks and bits on this device)
+               mode's checks and bits on this device), config_lifetime (every shipped config started, reloaded
+               and stopped twice as `make serve` runs it: what is left)
   workloads/   compact (logprob answers as JSON vs the compact encoding: bytes and requests/s over HTTP at
                top-0/20/256 on 2,048 tokens)
 
@@ -93,7 +94,8 @@ _TOOLS = {
     "invariant": "bench.invariance.compare", "invariant_cost": "bench.invariance.cost",
     "invariant_device": "checks.invariant_device",
     "compact": "bench.workloads.compact",
-    "cluster_faults": "checks.cluster_faults", "front_door": "bench.serving.front_door",
+    "cluster_faults": "checks.cluster_faults", "config_lifetime": "checks.config_lifetime",
+    "front_door": "bench.serving.front_door",
     "peer_vllm": "bench.serving.peer_vllm",
 }
 

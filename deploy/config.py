@@ -100,10 +100,12 @@ class AppConfig(DerivedFields):  # type: ignore[misc,valid-type]
                                     "request began, is answered 408 and closed. Python proxy: not enforced (Serve's "
                                     "proxy has no such timer).")
     max_url_bytes: int = Field(8 * 1024, gt=0, description="Most bytes of a request's target (path and query "
-                               "string): 414 (front-door guard) above it. Behind HAProxy, a request line or headers "
-                               "past its buffer (max_header_bytes + 1 KiB) are HAProxy's own 400.")
+                               "string): 414 (front-door guard) above it. Behind HAProxy, whose buffer holds "
+                               "max(64 KiB, max_url_bytes + max_header_bytes + 2 KiB) per request, a request line "
+                               "and headers past that buffer are HAProxy's own 400.")
     max_header_bytes: int = Field(16 * 1024, gt=0, description="Most bytes of request headers: 431 (front-door "
-                                  "guard) or HAProxy's 400 above it.")
+                                  "guard) above it; behind HAProxy, past its buffer (see max_url_bytes), HAProxy's "
+                                  "own 400.")
 
     # --- enforced by the ingress, each named in the error it causes: IngressSettings' fields (DerivedFields;
     # max_top_logprobs and max_logprob_entries are the engine's), and -----------------------------------

@@ -39,8 +39,14 @@ from ingress.errors import Unauthorized
 
 GUARD = "ingress.edge.front_door:middlewares"
 CHOICE_ENV = "RAYSCORE_FRONT_DOOR"
-# HAProxy keeps this much of its buffer free for header rewrites (tune.maxrewrite); the rest bounds the headers.
-REWRITE_RESERVE = 1024
+# HAProxy's buffer (tune.bufsize) must hold a whole request line and header block before anything is forwarded:
+# past it HAProxy answers its own fixed HTML 400 (2.8's H1 parser has no 414 or 431, and takes no errorfile for it).
+# So the buffer holds every request the guard behind it should judge: any target and headers within the limits, and
+# a target far past `max_url_bytes` (the floor: a 60,000-byte path gets the guard's JSON 414, not HAProxy's 400).
+BUFFER_FLOOR = 64 * 1024
+# HAProxy keeps 1 KiB of its buffer free for header rewrites (tune.maxrewrite); the request line's framing and the
+# buffer's per-header overhead (measured: 64 bytes for two headers) take the second KiB.
+BUFFER_RESERVE = 2048
 BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 SHIM = Path(__file__).with_name("haproxy_shim.py")
 SHIM_HEADER = "#!/bin/sh\n# rayscore's HAProxy shim (deploy/front_door.py)"
@@ -159,6 +165,12 @@ def haproxy_shim(cfg: AppConfig, environ: Mapping[str, str]) -> tuple[str, str]:
     return str(cache_dir(environ) / "front-door" / name), text
 
 
+def haproxy_bufsize(cfg: AppConfig) -> int:
+    """HAProxy's buffer for a config: room for a request at both limits (target and headers), and at least the
+    floor."""
+    return max(BUFFER_FLOOR, cfg.max_url_bytes + cfg.max_header_bytes + BUFFER_RESERVE)
+
+
 def front_door(serve_config: Mapping[str, Any], environ: Mapping[str, str],
                unavailable: str | None | bool = False) -> FrontDoor:
     """The environment for a Serve config's cluster. `unavailable`: haproxy_unavailable()'s answer (False: ask it)."""
@@ -179,12 +191,13 @@ def front_door(serve_config: Mapping[str, Any], environ: Mapping[str, str],
             # HAProxy's client timeout bounds a silent connection and every gap within a request; the shim's
             # `timeout http-request` bounds the whole header phase.
             "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(math.ceil(cfg.header_timeout_s)),
-            "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(max(16 * 1024, cfg.max_header_bytes + REWRITE_RESERVE)),
+            "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(haproxy_bufsize(cfg)),
         })
         shim, text = haproxy_shim(cfg, environ)
         files[shim] = text
         description = ("Ray Serve's HAProxy ingress with the throughput-optimized data plane "
-                       f"(header timeout {cfg.header_timeout_s:g} s, headers up to {cfg.max_header_bytes} bytes)")
+                       f"(header timeout {cfg.header_timeout_s:g} s, headers up to {cfg.max_header_bytes} bytes, "
+                       f"a buffer of {haproxy_bufsize(cfg)} bytes per request)")
     else:
         description = f"Ray Serve's Python proxy (HAProxy not used: {why})"
     kept = {k: environ[k] for k in env if k in environ and k != BINARY_ENV}  # the operator's own values win

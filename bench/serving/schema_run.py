@@ -8,75 +8,27 @@ with the four checks docs/operating.md's Reliability names; prints its summary, 
 (8,192 for the embedded model: minutes of CPU generation, past the client's 120 s timeout); a smaller max_model_len
 bounds every case's cost without changing what is checked.
 
-The server is started here as `make serve` starts it (deploy/launch.py: HAProxy front door where it runs), on free
-ports with HAProxy's files in a private folder (other servers may run on this machine), and stopped with SIGINT,
-as Ctrl-C stops `make serve`; the launcher then leaves no process behind. Exit status: schemathesis's, or 124
-when the run did not finish within --timeout-s.
+The server is started here as `make serve` starts it (checks/launched.py: deploy/launch.py, the HAProxy front door
+where it runs), on free ports with HAProxy's files in a private folder (other servers may run on this machine), and
+stopped with SIGINT, as Ctrl-C stops `make serve`; the launcher then leaves no process behind. Exit status:
+schemathesis's, or 124 when the run did not finish within --timeout-s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import yaml
 
+from checks.launched import start, stop
+
 CHECKS = "not_a_server_error,status_code_conformance,response_schema_conformance,content_type_conformance"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(config: Path, run_dir: Path, overrides: dict[str, object]) -> tuple[subprocess.Popen, str]:
-    """The launcher on a copy of `config` with a free port and `overrides` in its app's args, in its own process
-    group; its base URL once healthy."""
-    from deploy.front_door import private_haproxy_files
-
-    port = _free_port()
-    data = yaml.safe_load(config.read_text())
-    data.setdefault("http_options", {})["port"] = port
-    data["applications"][0].setdefault("args", {}).update(overrides)
-    copy = run_dir / "serve.yaml"
-    copy.write_text(yaml.safe_dump(data))
-    env = {**os.environ, **private_haproxy_files(str(run_dir), _free_port(), _free_port())}
-    env.pop("RAY_ADDRESS", None)
-    log = open(run_dir / "serve.log", "w")  # noqa: SIM115  # the launcher's output, for after the run
-    proc = subprocess.Popen([sys.executable, "-m", "deploy.launch", str(copy), "--metrics-export-port",
-                             str(_free_port())], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}); see {run_dir / 'serve.log'}")
-        try:
-            if httpx.get(url + "/health", timeout=5).json().get("status") == "ok":
-                return proc, url
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(2)
-    raise TimeoutError(f"the server was not healthy within 600 s; see {run_dir / 'serve.log'}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Ctrl-C, as `make serve` is stopped; then whatever is left of the group."""
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,8 @@ from ingress.errors import IngressError, InvalidRequest, JSONAnswer
 MAX_HEADER_BYTES_ENV = "RAYSCORE_MAX_HEADER_BYTES"
 MAX_URL_BYTES_ENV = "RAYSCORE_MAX_URL_BYTES"
 DEFAULT_MAX_URL_BYTES = 8 * 1024
-# HAProxy's own bound with Serve's buffer size (tune.bufsize 16 KiB), so both front doors agree.
+# 16 KiB: HAProxy's default buffer (tune.bufsize), a common bound on a request's headers; behind HAProxy the launcher
+# sizes the buffer to hold these limits (deploy/front_door.py).
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 NOT_UTF8 = "The header {name} is not valid UTF-8; this server takes header values as UTF-8 text."
 TOO_LARGE = ("The request's headers are {size} bytes; this server accepts at most {limit} (config field "

@@ -41,6 +41,17 @@ def test_config_fields_become_haproxy_settings() -> None:
     assert int(env["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"]) > 32768
 
 
+def test_haproxys_buffer_holds_both_limits_and_the_probes_path() -> None:
+    """64 KiB with the shipped limits (a 60,000-byte path reaches the guard); a request at both limits plus HAProxy's
+    reserve above that."""
+    def bufsize(args: dict) -> int:
+        return int(front_door({"applications": [{"args": args}]}, {}, unavailable=None).env[
+            "RAY_SERVE_HAPROXY_TUNE_BUFSIZE"])
+
+    assert bufsize({}) == 65536
+    assert bufsize({"max_url_bytes": 32768, "max_header_bytes": 65536}) == 32768 + 65536 + 2048
+
+
 def test_fallback_is_the_python_proxy_with_the_guard() -> None:
     door = front_door({"applications": [{"args": {}}]}, {}, unavailable="Ray 2.40 has no HAProxy ingress")
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in door.env and door.env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"]

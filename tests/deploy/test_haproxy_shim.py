@@ -32,15 +32,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def render_ray_config(run_dir: Path, port: int, backend_port: int) -> Path:
-    """Ray Serve's own HAProxy configuration for one app at "/" with one replica, as its HAProxy manager writes it."""
+def render_ray_config(run_dir: Path, port: int, backend_port: int, bufsize: int = 16384) -> Path:
+    """Ray Serve's own HAProxy configuration for one app at "/" with one replica, as its HAProxy manager writes it
+    (`bufsize`: RAY_SERVE_HAPROXY_TUNE_BUFSIZE, Ray's default unless given)."""
     from ray.serve._private.haproxy import BackendConfig, HAProxyApi, HAProxyConfig, ServerConfig
     from ray.serve.config import HTTPOptions
 
     cfg = HAProxyConfig(socket_path=str(run_dir / "admin.sock"), server_state_base=str(run_dir),
                         server_state_file=str(run_dir / "state"), metrics_socket_path=str(run_dir / "metrics.sock"),
                         stats_port=_free_port(), metrics_port=_free_port(), timeout_client_s=30, timeout_server_s=60,
-                        is_head=True, http_options=HTTPOptions(host="127.0.0.1", port=port))
+                        is_head=True, http_options=HTTPOptions(host="127.0.0.1", port=port), bufsize=bufsize)
     api = HAProxyApi(cfg, config_file_path=str(run_dir / "haproxy.cfg"))
     api.set_backend_configs({"app": BackendConfig(name="app", path_prefix="/", app_name="app", servers=[
         ServerConfig(name="r1", host="127.0.0.1", port=backend_port)])})

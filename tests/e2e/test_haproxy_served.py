@@ -2,8 +2,9 @@
 data plane, the header guard), on a real local Ray of its own (tests/helpers/haproxy_cluster.py in a subprocess:
 a process holds one Ray): exact scoring, request ids, API keys, streaming, a request longer than the header timeout,
 abort on disconnect; no 5xx for header bytes; headers bounded; an idle connection and a trickled header cut within
-header_timeout_s; Serve's /-/routes closed without a key, /-/healthz open; one X-Request-ID in every answer; and after
-a reload and the stop, no HAProxy process left and no port listening."""
+header_timeout_s; Serve's /-/routes closed without a key, /-/healthz open; one X-Request-ID in every answer;
+a 414 and a 431 in JSON for a path and headers over their limits within HAProxy's buffer; and after a reload and the
+stop, no HAProxy process left and no port listening."""
 
 from __future__ import annotations
 
@@ -76,10 +77,23 @@ def test_serve_routes_need_a_key_the_health_probe_does_not(facts: dict) -> None:
 
 
 def test_an_oversized_path_gets_an_answer(facts: dict) -> None:
-    """Within HAProxy's buffer the guard answers a target over max_url_bytes (8,192) with its 414; a request line
-    past the buffer is HAProxy's own 400 (it has no 414), an answer either way, never a closed connection."""
+    """HAProxy's buffer (max(64 KiB, max_url_bytes + max_header_bytes + 2 KiB), deploy/front_door.py) holds the
+    abuse probe's 60,000-byte path: the guard answers a target over max_url_bytes (8,192) with its JSON 414 naming the
+    field; a request line past the buffer is HAProxy's own 400 (it has no 414), an answer either way."""
     paths = facts["long_paths"]
-    assert " 401 " in paths["8000"] + " " and " 414 " in paths["15000"] + " " and " 400 " in paths["60000"] + " "
+    assert paths["8000"][0].startswith("HTTP/1.1 401 "), paths["8000"]  # within the limit: the app's key check
+    for n in ("15000", "60000"):
+        status, body = paths[n]
+        assert status.startswith("HTTP/1.1 414 "), (n, status, body[:200])
+        message = json.loads(body)["error"]["message"]
+        assert "`max_url_bytes`" in message and "aaaa" not in message, message
+    assert paths["200000"][0].startswith("HTTP/1.1 400 "), paths["200000"]
+
+
+def test_oversized_headers_within_the_buffer_are_the_guards_431(facts: dict) -> None:
+    status, body = facts["headers_431"]
+    assert status.startswith("HTTP/1.1 431 ") and "`max_header_bytes`" in json.loads(body)["error"]["message"], (
+        status, body[:200])
 
 
 def test_one_request_id_in_every_answer(facts: dict) -> None:

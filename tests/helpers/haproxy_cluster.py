@@ -134,10 +134,27 @@ def probe(port: int, app: str) -> dict[str, Any]:
     # Exactly one X-Request-ID: a client id that is not short and plain is replaced, never echoed beside ours.
     ids = (b"front-2", b"has spaces", "caf\u00e9 \u2603".encode(), b"\xff\xfe", b"a" * 300)
     facts["request_ids"] = {repr(value): _request_ids(port, value) for value in ids}
-    # Request lines past HAProxy's buffer, and within it: what the front door answers.
-    facts["long_paths"] = {n: _raw(port, b"GET /" + b"a" * n + b" HTTP/1.1\r\nHost: t\r\n\r\n")[0]
-                           for n in (8000, 15000, 60000)}
+    # Paths within the limit, over it within HAProxy's buffer (the guard's 414) and past the buffer (HAProxy's 400);
+    # headers over max_header_bytes within the buffer (the guard's 431).
+    facts["long_paths"] = {n: _answer(port, b"GET /" + b"a" * n + b" HTTP/1.1\r\nHost: t\r\n")
+                           for n in (8000, 15000, 60000, 200000)}
+    facts["headers_431"] = _answer(port, head + b"".join(b"X-H%d: %s\r\n" % (i, b"a" * 8192) for i in range(3)))
     return facts
+
+
+def _answer(port: int, head: bytes) -> tuple[str, str]:
+    """The status line and the body (its first 2,000 characters) of the answer to `head` (a request line and headers,
+    without the blank line), sent with `Connection: close`."""
+    out = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        try:
+            s.sendall(head + b"Connection: close\r\n\r\n")
+            while chunk := s.recv(65536):
+                out += chunk
+        except (BrokenPipeError, ConnectionResetError):  # answered and closed while the client was still sending
+            pass
+    status, _, rest = out.partition(b"\r\n")
+    return status.decode("latin-1"), rest.partition(b"\r\n\r\n")[2][:2000].decode("latin-1")
 
 
 def _request_ids(port: int, value: bytes) -> tuple[str, list[str]]:
