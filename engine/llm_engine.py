@@ -225,7 +225,7 @@ class LLMEngine:
             return self._output(seq)
         if r.sampled is None:
             return None  # a prefill chunk that does not reach the end of the context
-        state.add_sampled(r.sampled_logprob, r.sampled_top, r.sampled_token_ids)
+        state.add_sampled(r.sampled_logprob, r.sampled_top, r.sampled_token_ids, r.sampled_rank)
         seq.finish_reason = self._stop_reason(seq, r.sampled)
         if seq.finish_reason is not None:
             self._finish(seq)

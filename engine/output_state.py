@@ -27,6 +27,7 @@ class OutputState:
         self.pooled: list[float] | None = None
         self.output_token_ids_logprobs: list[list[TokenLogprob]] | None = (
             [] if want and params.output_token_ids is not None else None)
+        self.output_token_ranks: list[int] | None = [] if want and params.return_output_ranks else None
         # How much was sent: output token ids, output logprob rows; input rows go once.
         self.num_ids_sent = 0
         self.num_output_logprobs_sent = 0
@@ -44,9 +45,11 @@ class OutputState:
                 self.input_token_ranks.extend(r or 0 for r in (ranks or [None] * len(values)))
 
     def add_sampled(self, value: TokenLogprob | None, top: list[TokenLogprob] | None,
-                    token_ids: list[TokenLogprob] | None = None) -> None:
+                    token_ids: list[TokenLogprob] | None = None, rank: int | None = None) -> None:
         if self.output_token_logprobs is not None and value is not None:
             self.output_token_logprobs.append(value)
+            if self.output_token_ranks is not None:
+                self.output_token_ranks.append(rank or 0)
             if self.output_top_logprobs is not None:
                 self.output_top_logprobs.append(top or [])
             if self.output_token_ids_logprobs is not None:
@@ -73,6 +76,7 @@ class OutputState:
             output_top_logprobs=_since(self.output_top_logprobs, n_lp),
             pooled=self.pooled if seq.is_finished else None,
             output_token_ids_logprobs=_since(self.output_token_ids_logprobs, n_lp),
+            output_token_ranks=_since(self.output_token_ranks, n_lp),
             arrival_time=seq.arrival_time, scheduled_time=seq.scheduled_time, finished_time=seq.finished_time,
         )
         self.num_ids_sent = len(out_ids)

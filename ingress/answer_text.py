@@ -45,4 +45,5 @@ class AnswerText:
             finish_reason=FinishReason("stop", matched=stop), completion_tokens=len(self._detok.ids),
             output_token_logprobs=_cut(chunk.output_token_logprobs, kept),
             output_top_logprobs=_cut(chunk.output_top_logprobs, kept),
-            output_token_ids_logprobs=_cut(chunk.output_token_ids_logprobs, kept))
+            output_token_ids_logprobs=_cut(chunk.output_token_ids_logprobs, kept),
+            output_token_ranks=_cut(chunk.output_token_ranks, kept))

@@ -60,6 +60,8 @@ class GenerateChunk:
     input_token_ranks: list[int] | None = field(default=None, metadata=CONCAT)
     # Per generated token, [[value, token_id], ...] of the request's token_ids_logprob | None.
     output_token_ids_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
+    # Per generated token, its rank in the row it was sampled from (params.return_output_ranks) | None.
+    output_token_ranks: list[int] | None = field(default=None, metadata=CONCAT)
     # The request's input_logprob_temperature, echoed; None when it did not set one.
     input_logprob_temperature: float | None = None
     # A classify request's raw float32 scores at its pooled position ([num_labels]), on its final chunk.
@@ -90,6 +92,7 @@ def error_chunk(rid: str, message: str, code: int | None = None, after: Generate
         input_token_ids_logprobs=empty_like("input_token_ids_logprobs"),
         input_token_ranks=empty_like("input_token_ranks"),
         output_token_ids_logprobs=empty_like("output_token_ids_logprobs"),
+        output_token_ranks=empty_like("output_token_ranks"),
         input_logprob_temperature=after.input_logprob_temperature if after else None,
         pooled=after.pooled if after else None, weight_version=after.weight_version if after else None)
 

@@ -59,6 +59,8 @@ class RequestOutput:
     pooled: list[float] | None = None
     # Per generated token, the values of the request's (flat) token_ids_logprob at its position.
     output_token_ids_logprobs: list[list[TokenLogprob]] | None = field(default=None, metadata=CONCAT)
+    # Per generated token, its rank in the row it was sampled from (return_output_ranks).
+    output_token_ranks: list[int] | None = field(default=None, metadata=CONCAT)
     # Timings (time.monotonic seconds): arrival, first scheduled, finished.
     arrival_time: float | None = None
     scheduled_time: float | None = None

@@ -65,6 +65,8 @@ class SamplingParams:
     token_id_rows: list[list[int]] | None = None
     # Each scored input token's rank in its row (1 = most likely; vLLM's: how many tokens have a value >= its own).
     return_input_ranks: bool = False
+    # Each generated token's rank in the row it was sampled from (the same count), with return_logprob.
+    return_output_ranks: bool = False
     # A pooling request's parameters (takes max_tokens 0 and no logprobs); None: a causal LM's request.
     pooling: PoolingParams | None = None
     # The LoRA adapter the request runs with; None: the base model.

@@ -32,5 +32,6 @@ def to_chunk(out: RequestOutput, params: SamplingParams | None = None, weight_ve
         input_token_ids_logprobs=_tops(out.input_token_ids_logprobs),
         input_token_ranks=out.input_token_ranks,
         output_token_ids_logprobs=_tops(out.output_token_ids_logprobs),
+        output_token_ranks=out.output_token_ranks,
         input_logprob_temperature=params.input_logprob_temperature if params is not None else None,
         pooled=out.pooled, weight_version=weight_version)

@@ -20,7 +20,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.parallel.driver import TensorParallel
 from engine.runner.attention_choice import choose_attention
 from engine.runner.decode_graphs import DecodeGraphs
-from engine.runner.logprobs import row_scores, token_id_rows, top_k_rows
+from engine.runner.logprobs import row_scores, target_ranks, token_id_rows, top_k_rows
 from engine.runner.lora import LoraManager
 from engine.runner.sampler import sample
 from engine.runner.score_chunks import score_chunk_rows
@@ -193,9 +193,13 @@ class ModelRunner:
         asked = [s.params.output_token_ids for s in seqs]
         cands = token_id_rows(values, asked) if values is not None and any(a is not None for a in asked) \
             else [None] * len(seqs)
+        ranked = [w and s.params.return_output_ranks for w, s in zip(want, seqs, strict=True)]
+        ranks = target_ranks(values, values.gather(1, tokens[:, None])[:, 0], ranked) \
+            if values is not None and any(ranked) else [None] * len(seqs)
         for j, ((_, ci), tok) in enumerate(zip(rows, tokens.tolist(), strict=True)):
             results[ci].sampled = tok
             if want[j] and picked is not None:
                 results[ci].sampled_logprob = (picked[j], tok)
                 results[ci].sampled_top = tops[j]
                 results[ci].sampled_token_ids = cands[j]
+                results[ci].sampled_rank = ranks[j]

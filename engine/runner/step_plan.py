@@ -36,6 +36,8 @@ class ChunkResult:
     pooled: list[float] | None = None
     # The values of the request's token_ids_logprob at the sampled position (None: not asked).
     sampled_token_ids: list[TokenLogprob] | None = None
+    # The sampled token's rank in its row (params.return_output_ranks; None: not asked).
+    sampled_rank: int | None = None
 
 
 @dataclass

@@ -116,7 +116,7 @@ def parse(body: TokenGenerateBody, info: ModelInfo, max_logprobs: int,
         top_logprobs_num=max(k_out or 0, k_prompt or 0),
         token_ids_logprob=list(sp.logprob_token_ids) if sp.logprob_token_ids is not None else None,
         token_id_rows=id_rows if scores_prompt else None,
-        return_input_ranks=k_prompt is not None and scores_prompt)
+        return_input_ranks=k_prompt is not None and scores_prompt, return_output_ranks=k_out is not None)
     rid = RID_PREFIX + (body.request_id or uuid.uuid4().hex)
     request = GenerateRequest(rid=rid, input_ids=ids, params=params, images=images or None)
     check_request(request, info, with_generation=True)

@@ -121,14 +121,15 @@ def logprobs_json(tr: TokenRequest, chunk: GenerateChunk) -> dict[str, Any] | No
     content = []
     tops = chunk.output_top_logprobs or []
     picked = chunk.output_token_ids_logprobs or []
+    ranks = chunk.output_token_ranks or []
     for i, (value, token) in enumerate(chunk.output_token_logprobs or ()):
         if tr.logprob_token_ids is not None:
             alts = [(tt, tv, place) for place, (tv, tt) in enumerate(picked[i] if i < len(picked) else (), start=1)]
         else:
             alts = [(tt, tv, place) for place, (tv, tt) in enumerate(tops[i][:n] if i < len(tops) else (), start=1)]
-        # The sampled token's rank is its place among the k most likely when it is there (up to ties).
-        top_rank = next((p for tt, _, p in alts if tt == token), None) if tr.logprob_token_ids is None else None
-        entries: dict[int, dict[str, Any]] = {token: {"token_id": token, "logprob": _value(value), "rank": top_rank}}
+        # The sampled token's rank over the whole row it was sampled from (the engine counts, as vLLM does).
+        rank = ranks[i] if i < len(ranks) else None
+        entries: dict[int, dict[str, Any]] = {token: {"token_id": token, "logprob": _value(value), "rank": rank}}
         for tid, v, place in alts:
             entries[tid] = {"token_id": tid, "logprob": _value(v), "rank": place}
         first = entries[token]

@@ -49,8 +49,9 @@ async def _post(client: httpx.AsyncClient, sp: dict, **body: object) -> httpx.Re
 @pytest.mark.parametrize("flat", [False, True])
 async def test_prompt_logprobs_are_transformers(client: httpx.AsyncClient, logprobs: torch.Tensor,
                                                 smollm2_path: Path, k: int, flat: bool) -> None:
+    # ignore_eos: a sampled end-of-text token would end it as "stop", not the "length" checked below.
     resp = await _post(client, {"max_tokens": 1, "temperature": 1.0, "top_p": 1.0, "prompt_logprobs": k,
-                                "flat_logprobs": flat})
+                                "flat_logprobs": flat, "ignore_eos": True})
     assert resp.status_code == 200, resp.text
     body = resp.json()
     tok = AutoTokenizer.from_pretrained(smollm2_path)
@@ -108,6 +109,22 @@ async def test_output_token_ids_and_logprobs(client: httpx.AsyncClient, logprobs
     (step,) = resp.json()["choices"][0]["logprobs"]["content"]
     assert [e["token_id"] for e in step["top_logprobs"]] == torch.topk(lp, 2).indices.tolist()
     assert step["rank"] == 1
+
+
+async def test_a_sampled_token_outside_the_top_k_has_its_rank_over_the_vocabulary(
+        client: httpx.AsyncClient, logprobs: torch.Tensor) -> None:
+    """vLLM ranks the sampled token over the whole row it was sampled from, in or out of the k most likely."""
+    lp = logprobs[len(IDS) - 1]
+    seen = set()
+    for seed in range(40):
+        resp = await _post(client, {"max_tokens": 1, "temperature": 1.0, "seed": seed, "logprobs": 1,
+                                    "ignore_eos": True})
+        (step,) = resp.json()["choices"][0]["logprobs"]["content"]
+        assert step["rank"] == _rank(lp, step["token_id"]) and step["top_logprobs"][0]["rank"] == step["rank"]
+        seen.add(step["rank"])
+        if any(r > 1 for r in seen):
+            break
+    assert any(r > 1 for r in seen), seen  # some draw fell outside the top 1
 
 
 async def test_stream(client: httpx.AsyncClient) -> None:
