@@ -61,7 +61,8 @@ class SamplingParams:
     # return_logprob, at every generated token; None = none.
     token_ids_logprob: list[int] | None = None
     # Per scored input row in order, that row's own candidate ids (on-policy distillation: the student's candidates
-    # of that position); input rows only. At most one of token_ids_logprob / token_id_rows is set.
+    # of that position); input rows only. With both set, the input rows take token_id_rows and the generated
+    # tokens token_ids_logprob (vLLM's prompt_logprob_token_ids beside logprob_token_ids).
     token_id_rows: list[list[int]] | None = None
     # Each scored input token's rank in its row (1 = most likely; vLLM's: how many tokens have a value >= its own).
     return_input_ranks: bool = False

@@ -54,8 +54,6 @@ REFUSED_BODY: Mapping[str, Refused] = {
 
 UNKNOWN = ("Unknown field `{name}`: vLLM's /inference/v1/generate does not have it, and this server refuses it "
            "rather than ignore it (docs/vllm.md).")
-BOTH_ID_FORMS = ("sampling_params.logprob_token_ids and prompt_logprob_token_ids on one request are not supported "
-                 "by this server: send them as two requests.")
 PROMPT_IDS_STREAM = "prompt_logprob_token_ids are not available when stream=true."
 # vLLM's texts.
 TEMPERATURE = "temperature must be in [0, 2], got {value}."

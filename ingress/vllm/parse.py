@@ -89,8 +89,6 @@ def parse(body: TokenGenerateBody, info: ModelInfo, max_logprobs: int,
     rows = sp.prompt_logprob_token_ids
     if rows is not None and stream:
         raise InvalidRequest(vg.PROMPT_IDS_STREAM, param="prompt_logprob_token_ids")
-    if rows is not None and sp.logprob_token_ids is not None:
-        raise InvalidRequest(vg.BOTH_ID_FORMS, param="logprob_token_ids")
     # vLLM's stream schema has no field for prompt logprobs: a stream does not compute them.
     k_prompt = None if stream else k_prompt
     scores_prompt = (k_prompt is not None or rows is not None) and len(ids) >= 2

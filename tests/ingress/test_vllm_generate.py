@@ -142,6 +142,22 @@ async def test_stream(client: httpx.AsyncClient) -> None:
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
 
 
+async def test_per_row_prompt_ids_beside_fixed_output_ids(client: httpx.AsyncClient, logprobs: torch.Tensor) -> None:
+    """prompt_logprob_token_ids score the prompt rows, logprob_token_ids each generated token, on one request."""
+    rows = [[IDS[p + 1], 9] for p in range(len(IDS) - 1)]
+    fixed = [7, 42]
+    resp = await _post(client, {"max_tokens": 1, "temperature": 0, "prompt_logprob_token_ids": rows,
+                                "logprob_token_ids": fixed, "logprobs": 2})
+    assert resp.status_code == 200, resp.text
+    scores = _npy(resp.json()["prompt_token_id_logprobs"])
+    want = np.array([[logprobs[p, t].item() for t in row] for p, row in enumerate(rows)], dtype=np.float32)
+    assert scores.shape == want.shape and np.abs(scores - want).max() <= 1e-4
+    (step,) = resp.json()["choices"][0]["logprobs"]["content"]
+    lp = logprobs[len(IDS) - 1]
+    assert [e["token_id"] for e in step["top_logprobs"]] == [step["token_id"], *fixed][:2]
+    assert abs(step["top_logprobs"][1]["logprob"] - lp[fixed[0]].item()) <= 1e-4
+
+
 @pytest.mark.parametrize(("sp", "body", "param", "message"), [
     ({"repetition_penalty": 1.3}, {}, "sampling_params.repetition_penalty", "is not supported by this server"),
     ({"prompt_logprob": 1}, {}, "sampling_params.prompt_logprob", "Unknown field"),
