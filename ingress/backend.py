@@ -19,6 +19,7 @@ from ingress.coalesce import Coalescer
 from ingress.errors import Overloaded, WorkerLost, worker_failed
 from ingress.images import ImageBlob, ImageLimits, ImageSide, prepare_images
 from ingress.lazy import Lazy
+from ingress.many_call import ManyCall
 from ingress.tasks import all_or_none
 from ingress.text import TextSide
 from protocol import (
@@ -68,6 +69,12 @@ class Backend(Protocol):
         A worker that died or vanished raises WorkerLost (the lifecycle may run the request again); a full
         queue raises Overloaded. So does every other method below.
         """
+        ...
+
+    def streams(self, reqs: list[GenerateRequest]) -> list[AsyncGenerator[GenerateChunk, None]]:
+        """One stream per request, as `stream`'s, for the requests of one HTTP request (one admitted unit), read from
+        one worker call where it can: closing any of them before its end may abort them all (a batch is read and
+        closed as a whole)."""
         ...
 
     async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
@@ -150,12 +157,12 @@ class Backend(Protocol):
 
 
 class HandleBackend:
-    """Backend over the worker deployment: `generate` (streaming), `generate_whole` (unary), `model_info` and
-    `stats`; one worker call per HTTP request (the model-info refresh aside). The text side is this replica's own
-    (ingress/text.py): a text prompt is tokenized here and the worker gets ids; the worker answers ids and logprobs,
-    and the answer's text and its stop strings are made here (ingress/answer_text.py).
-    Ray's errors for a lost replica become WorkerLost and Serve's BackPressureError becomes Overloaded
-    (`_translated`)."""
+    """Backend over the worker deployment: `generate` (streaming), `generate_many` (streaming, several requests),
+    `generate_whole` (unary), `model_info` and `stats`; one worker call per HTTP request (the model-info refresh
+    aside). The text side is this replica's own (ingress/text.py): a text prompt is tokenized here and the worker gets
+    ids; the worker answers ids and logprobs, and the answer's text and its stop strings are made here
+    (ingress/answer_text.py). Ray's errors for a lost replica become WorkerLost and Serve's BackPressureError becomes
+    Overloaded (`_translated`)."""
 
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
                  weight_updates: bool = False, coalesce_max_in_flight: int = 0,
@@ -252,6 +259,24 @@ class HandleBackend:
             # Reached by aclose(), by cancellation of the consuming task (client gone) and by errors.
             if not finished and response is not None:
                 self._cancel(response)
+
+    def streams(self, reqs: list[GenerateRequest]) -> list[AsyncGenerator[GenerateChunk, None]]:
+        """The requests without stop strings from one `generate_many` call (many_call.py); a request with stop strings
+        keeps a call of its own (`stream`): the ingress ends it at a match by closing its call, and a call is closed
+        as a whole, never one request in it."""
+        together = [i for i, r in enumerate(reqs) if not r.params.stop_strings]
+        if len(together) < 2:
+            return [self.stream(r) for r in reqs]
+        call = ManyCall([reqs[i] for i in together], self._with_ids, self._many_call, self._tokenizer, _translated,
+                        self._cancel)
+        members = iter(call.members())
+        return [self.stream(r) if r.params.stop_strings else next(members) for r in reqs]
+
+    def _many_call(self, reqs: list[GenerateRequest]) -> Any:
+        return _multiplexed(self._stream_worker, reqs).generate_many.remote(reqs)
+
+    async def _tokenizer(self) -> Any:
+        return (await self._text_side()).tokenizer
 
     @staticmethod
     def _cancel(response: Any) -> None:

@@ -1,6 +1,6 @@
 """One request's way through the ingress, the same for every route and every API.
 
-    route ── Lifecycle.run(request, work) ── work(batch) ─┬─ batch.open(requests)   one worker stream per prompt
+    route ── Lifecycle.run(request, work) ── work(batch) ─┬─ batch.open(requests)   a stream per prompt, one call
                                                           ├─ await batch.firsts()   first chunks: the HTTP status
                                                           ├─ await batch.collect()  whole answers, in order
                                                           ├─ batch.stream(events)   or an SSE answer of rest()
@@ -93,13 +93,13 @@ class Batch:
         check_fan_out(n, self._settings)
 
     def open(self, requests: Sequence[GenerateRequest], info: ModelInfo) -> None:
-        """Check the requests against the limits and the worker's queue bounds (InvalidRequest), then start one
-        worker stream per request, all of one admission group (fan_out.py); nothing is sent before the first
-        chunk is awaited."""
+        """Check the requests against the limits and the worker's queue bounds (InvalidRequest), then open one
+        stream per request, all of one admission group (fan_out.py) and read from one worker call (`Backend.streams`;
+        a request with stop strings has its own); nothing is sent before the first chunk is awaited."""
         if self._streams:
             raise RuntimeError("a batch is opened once")
         check_limits(requests, self._settings, info)
-        self._streams = [self._backend.stream(req) for req in as_one_unit(self._adapted(requests), info)]
+        self._streams = self._backend.streams(as_one_unit(self._adapted(requests), info))
 
     async def answers(self, requests: Sequence[GenerateRequest], info: ModelInfo) -> list[GenerateChunk]:
         """`open` + `collect` in one worker call, for an answer that is not streamed: the same checks before any

@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from ray import serve
@@ -28,6 +28,7 @@ from protocol import (
 from protocol.outputs import RequestOutput
 from workers.adapter_registry import adapter_registry_actor
 from workers.convert import to_chunk
+from workers.many import Tagged, merged
 from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats
 from workers.ranks import RankGroup
 from workers.replica import replica_label
@@ -52,8 +53,9 @@ def _vision_ids(hf_config: Any) -> dict[str, int]:
 
 class EngineWorker:
     """Serve deployment body (bound with options in deploy/app.py). Methods called through a handle:
-    `generate` (stream=True), `generate_whole` (unary: whole answers of several requests), `model_info`, `stats`,
-    `check_adapter`, `adapters_registry` and `weights_registry` (the registries' actor handles); Serve calls
+    `generate` (stream=True), `generate_many` (stream=True: several requests' deltas), `generate_whole` (unary: whole
+    answers of several requests), `model_info`, `stats`, `check_adapter`, `adapters_registry` and `weights_registry`
+    (the registries' actor handles); Serve calls
     `check_health` and `reconfigure` (user_config). It takes token ids and returns ids and logprobs: the text side
     is the ingress's (ingress/text.py), stop strings included (ingress/answer_text.py: it closes the call to stop)."""
 
@@ -87,7 +89,7 @@ class EngineWorker:
 
         self._hold_adapter = serve.multiplexed(max_num_models_per_replica=cfg.max_loras)(hold_adapter)
         self._whole_calls = self._whole_requests = 0  # generate_whole's calls and the requests they held (stats)
-        self._stream_calls = 0  # generate's calls through the handle (stats: worker calls per HTTP request)
+        self._stream_calls = 0  # generate's and generate_many's calls (stats: worker calls per HTTP request)
         self.metrics = WorkerMetrics(self.info.model_name, replica_label())
         self._refresher = MetricsRefresher(self.metrics, self.engine.stats, eng.counters.drain_steps)
         # Weight updates (weight_sync.py): the recorded weights are loaded before this replica serves.
@@ -120,7 +122,16 @@ class EngineWorker:
             async for chunk in stream:
                 yield chunk
 
-    async def _generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    async def generate_many(self, reqs: list[GenerateRequest]) -> AsyncIterator[Tagged]:
+        """Several requests' deltas from one streaming call (a streamed HTTP request with several prompts: many.py),
+        each message the deltas ready together, tagged with their request's position in `reqs`. Cancelling the call
+        (client gone) aborts every request not yet finished."""
+        self._stream_calls += 1
+        async with contextlib.aclosing(merged([self._generate(req) for req in reqs])) as messages:
+            async for message in messages:
+                yield message
+
+    async def _generate(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         ids = req.input_ids
         if ids is None:  # the ingress tokenizes every text (ingress/text.py): a caller that did not is a bug
             raise ValueError(f"request {req.rid!r} has no input_ids: the worker takes token ids only")

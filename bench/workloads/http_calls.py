@@ -37,6 +37,9 @@ def routes(model: str, text48: str, ids48: list[int]) -> dict[str, tuple[str, di
         "/v1/chat/completions, streamed, 32 tokens": ("/v1/chat/completions", {
             "model": model, "messages": [{"role": "user", "content": text48[:120]}], "max_tokens": 32,
             "ignore_eos": True, "stream": True, "logprobs": True, "top_logprobs": 2, "temperature": 0}),
+        "/v1/completions, streamed, 4 text prompts, 16 tokens": ("/v1/completions", {
+            "model": model, "prompt": [f"{text48[:80]} ({i})" for i in range(4)], "max_tokens": 16,
+            "ignore_eos": True, "stream": True, "logprobs": 1, "temperature": 0}),
         "/generate (SGLang), text, 8 tokens": ("/generate", {
             "text": text48[:120], "sampling_params": {"max_new_tokens": 8, "temperature": 0},
             "return_logprob": True, "return_text_in_logprobs": True}),

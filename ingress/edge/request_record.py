@@ -68,11 +68,17 @@ class RecordingBackend:
             record.model = info.model_name
         return info
 
-    async def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+    def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+        return self._recorded(req, self._backend.stream(req))
+
+    def streams(self, reqs: list[GenerateRequest]) -> list[AsyncGenerator[GenerateChunk, None]]:
+        return [self._recorded(req, inner) for req, inner in zip(reqs, self._backend.streams(reqs), strict=True)]
+
+    async def _recorded(self, req: GenerateRequest,
+                        inner: AsyncGenerator[GenerateChunk, None]) -> AsyncGenerator[GenerateChunk, None]:
         record = _current.get()
         if record is not None:
             record.kind = _kind(req.params)
-        inner = self._backend.stream(req)
         try:
             async for chunk in inner:
                 if record is not None and chunk.finished:

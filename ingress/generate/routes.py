@@ -77,8 +77,9 @@ class GenerateRoutes:
 
     async def _generate(self, body: GenerateBody, batch: Batch) -> Response:
         """One prompt (the batch of one), or SGLang's batch: a list of prompts, one worker request each, admitted
-        as one unit so the prefix cache shares what they have in common. Streamed, each is its own worker stream;
-        not streamed, all go in one unary worker call (Batch.answers), the cheapest way through Serve."""
+        as one unit so the prefix cache shares what they have in common. Streamed, all are one streaming worker call
+        (Batch.open: a stream each); not streamed, all go in one unary worker call (Batch.answers), the cheapest way
+        through Serve."""
         info = await self._backend.model_info()
         check_causal(info, "/generate")
         batch.adapter = await adapter_by_name(self._backend, *_adapter_field(body))

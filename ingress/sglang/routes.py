@@ -2,7 +2,8 @@
 disconnect and retry as the seed's shape (ingress/lifecycle.py); only the body and the answer are SGLang's.
 
 Not streamed, a body's items go in one unary worker call (Batch.answers, coalesced under load like the seed's);
-streamed, each item is its own worker stream and every event is the item's answer so far, then `data: [DONE]`.
+streamed, the items are one streaming worker call (Batch.open) and every event is the item's answer so far, then
+`data: [DONE]`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import torch
 from ray import serve
 
 from tests.helpers.reference import hf_logits, hf_scores
-from tests.helpers.serve import app_args, deploy, ids_of, sse_events
+from tests.helpers.serve import app_args, deploy, ids_of, sse_events, worker_stats
 
 APP = "oai"
 PREFIX = "/oai"
@@ -91,11 +91,16 @@ def test_text_prompt_echo_tokens_and_offsets(url: str, smollm2_path) -> None:
 
 
 def test_stream_concatenates_to_the_answer(url: str) -> None:
+    """Several streamed prompts: one worker call, whose deltas add up to the unary answers."""
     prompts = [ids_of(12, 5), ids_of(7, 6)]
     body = {"model": MODEL, "prompt": prompts, "max_tokens": 4, "echo": True, "logprobs": 2, "temperature": 0,
             "ignore_eos": True}
     whole = completion(url, **{k: v for k, v in body.items() if k != "model"})
+    before = worker_stats(APP, samples=4)
     r = httpx.post(url + "/v1/completions", json={**body, "stream": True}, timeout=120)
+    after = worker_stats(APP, samples=4)
+    # Both prompts are one streaming call over Serve (generate_many), not a call each.
+    assert sum(after[p].stream_calls - before[p].stream_calls for p in before) == 1
     events = sse_events(r)
     assert events[-1] == "[DONE]"
     for choice in whole["choices"]:

@@ -112,6 +112,10 @@ class FakeBackend:
                 self.aborted.append(req.rid)
             raise
 
+    def streams(self, reqs: list[GenerateRequest]) -> list[AsyncGenerator[GenerateChunk, None]]:
+        """A stream per request, each closed on its own (HandleBackend's read one call: test_one_worker_call.py)."""
+        return [self.stream(req) for req in reqs]
+
     async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
         """Each script played to its final chunk and merged, as the worker's generate_whole does; cancelled (the
         client left), every script not finished is recorded as aborted."""

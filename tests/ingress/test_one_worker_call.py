@@ -20,6 +20,7 @@ from ingress.app import build_fastapi_app
 from ingress.backend import HandleBackend
 from protocol import GenerateRequest
 from tests.helpers.fakes import INFO, FakeBackend
+from workers.many import merged
 
 
 class _Response:
@@ -48,6 +49,8 @@ class _Method:
         worker = self.handle.worker
         if self.name == "generate":
             return _Response(stream=worker.stream(args[0]))
+        if self.name == "generate_many":
+            return _Response(stream=merged([worker.stream(r) for r in args[0]]))
         if self.name == "generate_whole":
             return _Response(whole=worker.answers(args[0]))
         if self.name == "model_info":
@@ -193,3 +196,70 @@ async def test_a_text_prompt_the_rules_refuse_never_reaches_a_worker(smollm2_pat
     assert "empty" in (empty.finish_reason.message or "").lower()
     assert long.finish_reason.code == 400 and "max_prompt_chars_per_token" in (long.finish_reason.message or "")
     assert _worker_calls(handle.calls) == {}
+
+
+def _events(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+async def test_streamed_completions_of_4_text_prompts(counted) -> None:  # noqa: ANN001
+    """The 4 prompts' deltas come from one streaming call (generate_many) and add up to the unary call's answers."""
+    c, calls = counted
+    async with c:
+        await _warm(c, calls)
+        body = {"model": "tiny", "prompt": [f"prompt number {i}" for i in range(4)], "max_tokens": 5, "logprobs": 1}
+        whole = await c.post("/v1/completions", json=body)
+        assert whole.status_code == 200, whole.text
+        assert _worker_calls(calls) == {"generate_whole": 1}
+        calls.clear()
+        r = await c.post("/v1/completions", json={**body, "stream": True})
+        assert r.status_code == 200, r.text
+    assert _worker_calls(calls) == {"generate_many": 1}
+    texts, tokens, finishes = [""] * 4, [[] for _ in range(4)], [None] * 4
+    for ev in _events(r.text):
+        for ch in ev["choices"]:
+            texts[ch["index"]] += ch["text"]
+            tokens[ch["index"]] += (ch.get("logprobs") or {}).get("tokens") or []
+            finishes[ch["index"]] = ch["finish_reason"] or finishes[ch["index"]]
+    wholes = whole.json()["choices"]
+    assert texts == [ch["text"] for ch in wholes] and all(texts)
+    assert tokens == [ch["logprobs"]["tokens"] for ch in wholes]
+    assert finishes == [ch["finish_reason"] for ch in wholes] == ["length"] * 4
+
+
+async def test_streamed_sglang_batch_generate(counted) -> None:  # noqa: ANN001
+    c, calls = counted
+    async with c:
+        await _warm(c, calls)
+        body = {"text": ["The capital of France is", "Once upon a time", "2 + 2 ="],
+                "sampling_params": {"max_new_tokens": 4}}
+        whole = await c.post("/generate", json=body)
+        assert whole.status_code == 200, whole.text
+        calls.clear()
+        r = await c.post("/generate", json={**body, "stream": True})
+        assert r.status_code == 200, r.text
+    assert _worker_calls(calls) == {"generate_many": 1}
+    last: dict[int, dict[str, Any]] = {}
+    for ev in _events(r.text):  # each event is its item's answer so far: the last one is the whole answer
+        last[ev["index"]] = ev
+    assert sorted(last) == [0, 1, 2]
+    for i, answer in enumerate(whole.json()):
+        assert (last[i]["text"], last[i]["output_ids"]) == (answer["text"], answer["output_ids"])
+        assert len(answer["output_ids"]) == 4
+
+
+async def test_streamed_prompts_with_stop_strings_keep_a_call_each(counted) -> None:  # noqa: ANN001
+    """A stop string ends its request by closing its call, and a call is closed as a whole: such requests are the
+    one exception to one call per HTTP request."""
+    c, calls = counted
+    async with c:
+        await _warm(c, calls)
+        body = {"model": "tiny", "prompt": [[40], [40]], "max_tokens": 10, "stop": [";<"], "stream": True}
+        r = await c.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+    texts = ["", ""]
+    for ev in _events(r.text):
+        for ch in ev["choices"]:
+            texts[ch["index"]] += ch["text"]
+    assert texts == ["9:", "9:"]
+    assert _worker_calls(calls) == {"generate": 2}

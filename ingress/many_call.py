@@ -1,0 +1,121 @@
+"""The streams of several worker requests, read from one streaming worker call (`EngineWorker.generate_many`).
+
+A streamed HTTP request with several prompts is one admitted unit and one worker call. `Batch` reads one stream per
+request (its first chunk decides the HTTP status, then the deltas as they come), so one reader of the call puts each
+tagged delta in its request's queue and each request's stream reads its own queue:
+
+    worker call ── reader task ─┬─ queue 0 ── member(0): its deltas, with their text (answer_text.py)
+                                ├─ queue 1 ── member(1)
+                                └─ ...
+
+The call is closed as a whole: a member that ends before its final chunk (closed, cancelled: the client left, the
+batch failed or ran out of time) cancels the call, which aborts every request of it in the worker. An error of the
+call (a worker that died, a queue that is full) is raised by every member still waiting, as `HandleBackend.stream`
+raises it. The reader starts when a member is first read: nothing is sent before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Sequence
+from typing import Any
+
+from ingress.answer_text import AnswerText
+from protocol import GenerateChunk, GenerateRequest
+
+# (position in the call, delta) pairs, as workers/many.py sends them.
+Message = list[tuple[int, GenerateChunk]]
+_END = object()  # the call ended: a member that saw no final chunk ends without it (Batch: WORKER_ENDED_EARLY)
+
+
+class ManyCall:
+    """One worker call for `reqs`; `member(i)` is request i's stream."""
+
+    def __init__(self, reqs: Sequence[GenerateRequest],
+                 prepare: Callable[[GenerateRequest], Awaitable[GenerateRequest | GenerateChunk]],
+                 call: Callable[[list[GenerateRequest]], Any],
+                 tokenizer: Callable[[], Awaitable[Any]],
+                 translate: Callable[[Exception], Exception],
+                 cancel: Callable[[Any], None]) -> None:
+        """`prepare`: a request with ids, or the chunk that ends it here; `call`: the worker call's response (an
+        async iterable of messages, with `cancel()`); `translate`: Ray's errors as the ingress's; `cancel`: cancel
+        a response, quietly."""
+        self._reqs = list(reqs)
+        self._prepare, self._call, self._tokenizer = prepare, call, tokenizer
+        self._translate, self._cancel = translate, cancel
+        self._queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in self._reqs]
+        self._finished = [False] * len(self._reqs)
+        self._reader: asyncio.Task[None] | None = None
+
+    def members(self) -> list[AsyncGenerator[GenerateChunk, None]]:
+        return [self.member(i) for i in range(len(self._reqs))]
+
+    async def member(self, i: int) -> AsyncGenerator[GenerateChunk, None]:
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read())
+        answer: AnswerText | None = None
+        finished = False
+        try:
+            while True:
+                item = await self._queues[i].get()
+                if item is _END:
+                    return
+                if isinstance(item, Exception):
+                    raise item
+                chunk: GenerateChunk = item
+                if answer is None and chunk.output_ids:
+                    answer = AnswerText(await self._tokenizer(), self._reqs[i].params)
+                if answer is not None:
+                    chunk = answer.feed(chunk)
+                finished = chunk.finished
+                yield chunk
+                if finished:
+                    return
+        finally:
+            if not finished:
+                await self.aclose()
+
+    async def aclose(self) -> None:
+        """Cancel the call (every request of it not finished is aborted in the worker) and wait for the reader."""
+        reader = self._reader
+        if reader is not None and not reader.done():
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read(self) -> None:
+        response = None
+        try:
+            prepared = [await self._prepare(r) for r in self._reqs]
+            sent: list[int] = []
+            reqs: list[GenerateRequest] = []
+            for i, p in enumerate(prepared):
+                if isinstance(p, GenerateChunk):  # refused here (a text prompt the rules refuse): never sent
+                    self._put(i, p)
+                else:
+                    sent.append(i)
+                    reqs.append(p)
+            if not reqs:
+                return
+            # Serve's router may refuse the call right here (BackPressureError), not only on the first read.
+            response = self._call(reqs)
+            messages: AsyncIterable[Message] = response
+            async for message in messages:
+                for j, chunk in message:
+                    self._put(sent[j], chunk)
+        except Exception as exc:
+            error = self._translate(exc)
+            if error is not exc:
+                error.__cause__ = exc
+            for i, queue in enumerate(self._queues):
+                if not self._finished[i]:
+                    queue.put_nowait(error)
+        finally:
+            for queue in self._queues:
+                queue.put_nowait(_END)
+            # Reached when cancelled too (a member ended early): the worker aborts what is not finished.
+            if response is not None and not all(self._finished):
+                self._cancel(response)
+
+    def _put(self, i: int, chunk: GenerateChunk) -> None:
+        self._finished[i] = self._finished[i] or chunk.finished
+        self._queues[i].put_nowait(chunk)
