@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -21,6 +22,7 @@ from bench.lib import rayscore_side as rs
 from bench.lib.context import Context
 from bench.lib.harness import Side, alternate, max_abs_diff_requests
 from bench.lib.report import Row
+from bench.serving import serving_cpu
 from bench.workloads import http_short
 
 NAME = "5 over HTTP, one client's 48-token requests"
@@ -49,11 +51,22 @@ def measure(ctx: Context, url: str, app: str, kv_cache_mb: int) -> tuple[list[Ro
     model = client.get(base + "/v1/models").json()["data"][0]["id"]
     names = ("in-process ids", "http ids", "in-process text", "http text")
     calls = dict.fromkeys(names, 0)
+    cpu: dict[str, list[serving_cpu.Snapshot]] = {k: [] for k in names}
 
     def next_set(name: str) -> tuple[list[list[int]], list[str]]:
         k = calls[name]
         calls[name] += 1
         return sets[name.split()[-1]][k]
+
+    def with_cpu(name: str, go: Callable[[], list[list[float]]]) -> Callable[[], list[list[float]]]:
+        """`go`, and the CPU each process spent on it (the warm-up's not kept)."""
+        def run() -> list[list[float]]:
+            before = serving_cpu.snapshot(app)
+            out = go()
+            if calls[name] > 1:
+                cpu[name].append(serving_cpu.snapshot(app).minus(before))
+            return out
+        return run
 
     def in_process(texts: bool) -> list[list[float]]:
         ids, text = next_set("in-process text" if texts else "in-process ids")
@@ -80,25 +93,34 @@ def measure(ctx: Context, url: str, app: str, kv_cache_mb: int) -> tuple[list[Ro
         eng.prepare()
         http_short.in_a_thread(lambda: rs.score(eng.get(), [list(range(1, 1 + TOKENS))], [0]))
 
-    sides = {"in-process ids": Side(lambda: in_process(False), fresh_engine),
-             "http ids": Side(lambda: over_http(False)),
-             "in-process text": Side(lambda: in_process(True), fresh_engine),
-             "http text": Side(lambda: over_http(True))}
+    sides = {"in-process ids": Side(with_cpu("in-process ids", lambda: in_process(False)), fresh_engine),
+             "http ids": Side(with_cpu("http ids", lambda: over_http(False))),
+             "in-process text": Side(with_cpu("in-process text", lambda: in_process(True)), fresh_engine),
+             "http text": Side(with_cpu("http text", lambda: over_http(True)))}
     try:
         t = alternate(sides, s.reps, f"{NAME} ({n} requests a side, one at a time)")
     finally:
         client.close()
         eng.close()
     ms = {k: statistics.median(1e3 * sec / n for sec in t.seconds[k]) for k in names}
+    cpu_ms = {k: http_short.cpu_ms(cpu[k], n) for k in names}
+
+    def split(shape: str) -> str:
+        over = cpu_ms[f"http {shape}"]
+        roles = ", ".join(f"{r} {over.get(r, 0):.1f}" for r in ("proxy", "ingress", "worker", "client"))
+        return (f"CPU-ms per request over HTTP: {roles}; in-process: "
+                f"{cpu_ms[f'in-process {shape}'].get('client', 0):.1f}")
+
     # /generate's rows start at the second token; the completion's token_logprobs[1:] too.
     diff = max(max_abs_diff_requests(t.warmup["http ids"], t.warmup["in-process ids"]),
                max_abs_diff_requests(t.warmup["http text"], t.warmup["in-process text"]))
     rows = [Row(NAME, f"ms per request, {TOKENS}-token text to /v1/completions (echo, logprobs 0)", "ms",
                 ms["http text"], "in-process engine (tokenize, then score)", ms["in-process text"],
-                note=t.noise("http text", "in-process text")),
+                note="; ".join(x for x in (split("text"), t.noise("http text", "in-process text")) if x)),
             Row(NAME, f"ms per request, {TOKENS} ids to /generate (scoring)", "ms", ms["http ids"],
-                "in-process engine", ms["in-process ids"], note=t.noise("http ids", "in-process ids")),
+                "in-process engine", ms["in-process ids"],
+                note="; ".join(x for x in (split("ids"), t.noise("http ids", "in-process ids")) if x)),
             Row(NAME, "max |logprob over HTTP − in-process|, one client's 48-token requests", "", diff)]
-    return rows, {"requests": n, "seconds": t.seconds, "spread": t.summary(), "ms_per_request": ms,
+    return rows, {"requests": n, "seconds": t.seconds, "spread": t.summary(), "ms_per_request": ms, "cpu_ms": cpu_ms,
                   "ratio": {shape: ms[f"http {shape}"] / ms[f"in-process {shape}"] for shape in ("text", "ids")},
                   "max_abs_diff": diff}
