@@ -3,7 +3,8 @@
     python -m bench run [--quick] [--workload NAME ...] [--model PATH] [--reps N]
     python -m bench list
     python -m bench http [run's options]  workload 5 alone: `run -w http` (short requests, 512-token requests,
-                                        streamed generation, worker calls per route, workload 2's prompts;
+                                        streamed generation, worker calls per route by Serve's counters and
+                                        one client's 48-token requests over HTTP vs in-process, workload 2's prompts;
                                         --http-part picks one) behind
                                         the Python proxy and HAProxy (--front-door picks one)
     python -m bench <tool> [...]        one of the tools below, each with its own --help
@@ -68,7 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--http-concurrency", type=int, default=32, help="concurrent HTTP clients in workload 5")
     r.add_argument("--http-part", choices=("all", "short", "long", "stream", "calls", "prompts"), default="all",
                    help="workload 5's parts: the short requests (400 x 48 tokens), 512-token scoring requests, "
-                        "streamed generation (64 x 32 tokens), workload 2's prompts, or all four")
+                        "streamed generation (64 x 32 tokens), worker calls per HTTP request of each route with one "
+                        "client's 48-token requests over HTTP vs in-process, workload 2's prompts, or all five")
     r.add_argument("--front-door", choices=("python", "haproxy", "both"), default="both",
                    help="workload 5's front door: Serve's Python proxy, HAProxy with throughput mode, or both, one "
                         "after the other in processes of their own, each against its own in-process baseline "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import time
@@ -188,7 +189,9 @@ class HandleBackend:
         if self._info is None:
             self._info, self._info_at = await _call(self._worker.model_info), time.monotonic()
         elif time.monotonic() - self._info_at > MODEL_INFO_TTL_S and self._info_refresh is None:
-            self._info_refresh = asyncio.create_task(self._refresh_info())
+            # In an empty context, not the request's: the refresh is this replica's own traffic, so Serve files its
+            # call under no route (its counters and logs tell it from the request's one call) and no request id.
+            self._info_refresh = asyncio.create_task(self._refresh_info(), context=contextvars.Context())
         return self._info
 
     async def _refresh_info(self) -> None:
@@ -459,7 +462,7 @@ class HandleBackend:
         """Load the tokenizer in the background once a worker can tell the model (a health probe, Serve's health
         check), not inside the first request, which would otherwise spend the load's seconds before any worker."""
         if not self._text.loaded and self._warming is None:
-            self._warming = asyncio.create_task(self._warm_text())
+            self._warming = asyncio.create_task(self._warm_text(), context=contextvars.Context())  # as the refresh
 
     async def _warm_text(self) -> None:
         try:

@@ -85,7 +85,9 @@ def ray_cluster(smollm2_path: Path, metrics_port: int):
     # cannot run (the HAProxy front door has its own cluster: tests/e2e/test_haproxy_served.py). Ray's processes
     # inherit this environment.
     os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "ingress.edge.front_door:middlewares")
+    # Replicas hand their metrics to the agent every second (Ray's default: 10 s), so a test reads its counts soon.
     ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
+             _system_config={"metrics_report_interval_ms": 1000},
              runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": str(smollm2_path.parent)}})
     yield ray
     ray.shutdown()

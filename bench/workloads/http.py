@@ -1,5 +1,6 @@
 """Workload 5, over HTTP: the short requests of http_short.py, the 512-token requests of http_long.py, the streamed
-generation of http_stream.py (issue 24), the worker calls per HTTP request of each route (http_calls.py), then
+generation of http_stream.py (issue 24), the worker calls per HTTP request of each route (http_calls.py) and one
+client's 48-token requests over HTTP against in-process (http_ratio.py), then
 workload 2's prompts sent by concurrent clients to a Serve deployment
 with one and with two workers, against the same prompts in-process (the cost of the Serve path), with p50/p99
 latency; behind the front door --front-door names (http_doors.py: both by default, each in a process of its own).
@@ -24,8 +25,9 @@ from bench.lib import rayscore_side as rs
 from bench.lib.context import Context
 from bench.lib.harness import Side, alternate, max_abs_diff_requests, percentile
 from bench.lib.report import Goal, Row
-from bench.workloads import http_calls, http_doors, http_long, http_short, http_stream
+from bench.workloads import http_calls, http_doors, http_long, http_ratio, http_short, http_stream
 from bench.workloads.short_scoring import prompts
+from checks import serve_calls
 
 NAME = "5 over HTTP"
 KV_CACHE_MB = 256  # configs/local.yaml's
@@ -81,8 +83,11 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
     sets = [prompts(ctx, count, seed=501 + k) for k in range(s.reps + 1)]  # [0] is the warm-up's
     tokens = [sum(len(p) for p in ps) for ps in sets]
     ctx.drop_transformers()
-    port = _free_port()
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    port, metrics_port = _free_port(), _free_port()
+    # Serve's counters (the worker calls part) on Ray's Prometheus page; the calls part alone has the replicas hand
+    # them over every second (Ray's default, 10 s, only slows the part's reads).
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
+             _system_config={"metrics_report_interval_ms": 1000} if s.http_part == "calls" else None)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"enable_access_log": False})
         base = dict(model=ctx.model, dtype="float32", device="cpu", kv_cache_mb=KV_CACHE_MB,
@@ -106,9 +111,13 @@ def run(ctx: Context) -> tuple[list[Row], dict[str, Any]]:
             got, details["stream"] = http_stream.measure(ctx, url)
             rows += got
             serve.delete(http_stream.APP)
-        if s.http_part in ("all", "calls"):  # worker calls per HTTP request and serving CPU, route by route
+        if s.http_part in ("all", "calls"):  # worker calls per HTTP request and serving CPU, route by route, then
+            # one client's 48-token requests over HTTP and in-process, on the same app
             _deploy(http_calls.APP, {**base, "num_workers": 1, "num_threads": s.threads})
-            got, details["calls"] = http_calls.measure(ctx, url)
+            got, details["calls"] = http_calls.measure(ctx, url, f"http://127.0.0.1:{metrics_port}/metrics",
+                                                       serve_calls.report_interval_s(), s.front_door == "python")
+            rows += got
+            got, details["ratio"] = http_ratio.measure(ctx, url, http_calls.APP, KV_CACHE_MB)
             rows += got
             serve.delete(http_calls.APP)
         if s.http_part in ("all", "prompts"):

@@ -7,33 +7,17 @@ import asyncio
 import json
 import re
 import time
-import urllib.request
-from collections import defaultdict
 from pathlib import Path
 
 import httpx
 import pytest
 from ray import serve
 
+from checks.serve_calls import Samples, scrape
 from tests.helpers.serve import app_args, deploy
 
 APP, PREFIX = "opsmetrics", "/opsmetrics"
 DASHBOARD = Path("configs/grafana-rayscore.json")
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def scrape(url: str) -> Samples:
-    """The Prometheus text page as {metric name: [(labels, value), ...]}."""
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    out: Samples = defaultdict(list)
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m and not line.startswith("#"):
-            out[m.group(1)].append((dict(_LABEL.findall(m.group(2) or "")), float(m.group(3))))
-    return out
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:

@@ -61,6 +61,41 @@ async def test_model_info_is_asked_again_in_the_background_once_old(monkeypatch)
     assert len(handle.model_info.responses) >= 3
 
 
+class _RouteSeen(FakeMethod):
+    """model_info's method, noting the route of Serve's request context each call is made in."""
+
+    def __init__(self) -> None:
+        super().__init__([INFO])
+        self.routes: list[str] = []
+
+    def remote(self, *args):  # noqa: ANN201
+        from ray.serve.context import _get_serve_request_context
+
+        self.routes.append(_get_serve_request_context().route)
+        return super().remote(*args)
+
+
+async def test_refresh_and_warm_up_run_outside_the_request_context(monkeypatch):
+    """Serve tags a handle call with the route of the request context it is made in: the refresh and the tokenizer
+    warm-up are the replica's own traffic, so their calls carry no route and Serve's counters tell them from the
+    request's one call (checks/serve_calls.py)."""
+    from ray.serve.context import _set_request_context
+
+    monkeypatch.setattr("ingress.backend.MODEL_INFO_TTL_S", 0.0)
+    handle = FakeHandle()
+    handle.model_info = _RouteSeen()
+    backend = HandleBackend(handle)
+    _set_request_context(route="/v1/completions")
+    await backend.model_info()  # the first: inline, the request waits for it
+    await backend.model_info()  # starts a refresh
+    await asyncio.sleep(0.01)
+    assert handle.model_info.routes == ["/v1/completions", ""]
+    backend._info = None
+    backend.warm()
+    await backend._warming
+    assert handle.model_info.routes[2:] == [""]
+
+
 async def test_stream_goes_through_the_streaming_handle_and_is_not_cancelled_when_complete(smollm2_path: Path):
     handle = _handle(smollm2_path)
     backend = HandleBackend(handle)

@@ -1,0 +1,57 @@
+"""One HTTP request, one worker call, as Serve itself counts them: on the session's real cluster, Serve's request
+counter of the EngineWorker deployment (read from Ray's Prometheus page, checks/serve_calls.py) against Serve's
+proxy's count of HTTP requests, route by route, for issue 41's four routes: text completions with echo and
+logprobs (8 prompts a request), streamed chat completions of 32 tokens, SGLang text /generate and /v1/score, and
+a streamed completion of 4 text prompts (one generate_many call).
+
+The requests go one at a time, so the ingress never coalesces two into one call (which would read below 1)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from ray import serve
+
+from checks import serve_calls
+from ingress.backend import MODEL_INFO_TTL_S
+from tests.helpers.serve import app_args, deploy, ids_of
+
+APP, PREFIX = "calls", "/calls"
+REQUESTS = 8  # per route: one extra call in all would read 1.125
+TEXT = ("The committee met on a grey morning to settle the budget for the new library, and after two hours of "
+        "argument about the roof they agreed to ask the town for more time.")
+
+
+@pytest.fixture(scope="module")
+def url(serve_url: str):
+    deploy(APP, PREFIX, app_args(num_workers=1))
+    yield serve_url + PREFIX
+    serve.delete(APP)
+
+
+def test_serve_counts_one_worker_call_per_http_request(url: str, metrics_url: str) -> None:
+    interval = serve_calls.report_interval_s()
+    with httpx.Client(timeout=120) as client:
+        model = client.get(url + "/v1/models").json()["data"][0]["id"]
+        bodies = {name: serve_calls.routes(model, TEXT, ids_of(48, 5))[name]
+                  for name in (*serve_calls.BOUND, serve_calls.STREAMED_MANY)}
+        for path, body in bodies.values():  # warm-up: the ingress's first model info and its tokenizer
+            serve_calls.post(client, url + path, body)
+        before = serve_calls.settled(metrics_url, APP, interval)
+        assert before.request_calls > 0 and before.http_requests >= len(bodies), before  # the counters count
+        per_request: dict[str, float] = {}
+        for name, (path, body) in bodies.items():
+            t = time.monotonic()
+            for _ in range(REQUESTS):
+                serve_calls.post(client, url + path, body)
+            elapsed = time.monotonic() - t
+            after = serve_calls.settled(metrics_url, APP, interval, before.http_requests + REQUESTS)
+            got = after.minus(before)
+            assert got.http_requests == REQUESTS, (name, got)
+            per_request[name] = got.request_calls / got.http_requests
+            # The ingress's own traffic, outside any request: the model-info refresh, at most once a TTL.
+            assert got.other_calls <= elapsed / MODEL_INFO_TTL_S + 2, (name, got)
+            before = after
+    assert all(1.0 <= v <= 1.05 for v in per_request.values()), per_request
