@@ -51,14 +51,14 @@ def routes(model: str, text: str, ids48: list[int]) -> dict[str, tuple[str, dict
         BOUND[1]: ("/v1/chat/completions", {
             "model": model, "messages": [{"role": "user", "content": text[:120]}], "max_tokens": 32,
             "ignore_eos": True, "stream": True, "logprobs": True, "top_logprobs": 2, "temperature": 0}),
-        STREAMED_MANY: ("/v1/completions", {
-            "model": model, "prompt": [f"{text[:80]} ({i})" for i in range(4)], "max_tokens": 16,
-            "ignore_eos": True, "stream": True, "logprobs": 1, "temperature": 0}),
         BOUND[2]: ("/generate", {
             "text": text[:120], "sampling_params": {"max_new_tokens": 8, "temperature": 0},
             "return_logprob": True, "return_text_in_logprobs": True}),
         BOUND[3]: ("/v1/score", {
             "query": text[:80], "items": [" yes", " no", " maybe"], "label_token_ids": [1, 2]}),
+        STREAMED_MANY: ("/v1/completions", {
+            "model": model, "prompt": [f"{text[:80]} ({i})" for i in range(4)], "max_tokens": 16,
+            "ignore_eos": True, "stream": True, "logprobs": 1, "temperature": 0}),
         "/v1/completions, 48-token text, scoring": ("/v1/completions", {
             "model": model, "prompt": text, "max_tokens": 0, "echo": True, "logprobs": 0}),
         "/generate, 48 ids, scoring": ("/generate", {
