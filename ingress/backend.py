@@ -167,8 +167,9 @@ class HandleBackend:
 
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
                  weight_updates: bool = False, coalesce_max_in_flight: int = 0,
-                 coalesce_max_tokens: int = 2048) -> None:
+                 coalesce_max_tokens: int = 2048, model_info_ttl_s: float | None = None) -> None:
         self._worker = worker
+        self._info_ttl_s = MODEL_INFO_TTL_S if model_info_ttl_s is None else model_info_ttl_s
         self._adapters_cache: tuple[float, dict[str, str]] = (-1.0, {})
         # Concurrent short scoring calls merged into one worker call under load (coalesce.py).
         self.coalescer = Coalescer(self._whole_call, coalesce_max_in_flight, coalesce_max_tokens)
@@ -177,7 +178,7 @@ class HandleBackend:
         self._stream_worker = worker.options(stream=True)
         self._ready_timeout_s = ready_timeout_s
         # Every replica serves the same model; the info's runtime limits follow the workers' user_config
-        # (refreshed after MODEL_INFO_TTL_S).
+        # (refreshed after model_info_ttl_s).
         self._info: ModelInfo | None = None
         self._info_at = 0.0
         self._info_refresh: asyncio.Task[None] | None = None
@@ -188,7 +189,7 @@ class HandleBackend:
     async def model_info(self) -> ModelInfo:
         if self._info is None:
             self._info, self._info_at = await _call(self._worker.model_info), time.monotonic()
-        elif time.monotonic() - self._info_at > MODEL_INFO_TTL_S and self._info_refresh is None:
+        elif time.monotonic() - self._info_at > self._info_ttl_s and self._info_refresh is None:
             # In an empty context, not the request's: the refresh is this replica's own traffic, so Serve files its
             # call under no route (its counters and logs tell it from the request's one call) and no request id.
             self._info_refresh = asyncio.create_task(self._refresh_info(), context=contextvars.Context())

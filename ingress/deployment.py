@@ -86,7 +86,8 @@ class Ingress:
         self._metrics: IngressMetrics | None = None  # made on the replica (Serve's context), kept across rebuilds
         self._backend = HandleBackend(worker, ready_timeout_s=ready_timeout_s, weight_updates=weight_updates,
                                       coalesce_max_in_flight=self._settings.coalesce_max_in_flight,
-                                      coalesce_max_tokens=self._settings.coalesce_max_tokens)
+                                      coalesce_max_tokens=self._settings.coalesce_max_tokens,
+                                      model_info_ttl_s=self._settings.model_info_ttl_s)
         metric = Counter("rayscore_retries_total",
                          description="Requests run again because their worker was lost before any byte was sent.")
         self._retries = RetryCounter(on_retry=metric.inc)

@@ -51,6 +51,10 @@ class IngressSettings:
                                        "than workers leave some idle); 0: every request its own call.")
     coalesce_max_tokens: int = _doc(2048, "Most prompt tokens in one coalesced worker call; a scoring request "
                                     "larger than this is sent alone.")
+    model_info_ttl_s: float = _doc(2.0, "How old the ingress's copy of the workers' runtime limits (their user_config) "
+                                   "may get before a request starts a refresh in the background: one worker call "
+                                   "outside any request, which takes a place in the worker deployment's queue "
+                                   "like a request's (max_queued_requests).")
     # Images (ingress/images.py, rulebook/images.py): decoded and preprocessed here, in a thread.
     max_images_per_request: int = _doc(8, "Most images one request may carry, over all its messages or items (400 "
                                        "above it).")
@@ -85,5 +89,7 @@ class IngressSettings:
         if self.coalesce_max_in_flight < 0 or self.coalesce_max_tokens <= 0:
             raise ValueError("coalesce_max_in_flight must be non-negative and coalesce_max_tokens positive, got "
                              f"{self.coalesce_max_in_flight} and {self.coalesce_max_tokens}")
+        if not 0 < self.model_info_ttl_s < float("inf"):
+            raise ValueError(f"model_info_ttl_s must be positive and finite, got {self.model_info_ttl_s}")
         if self.retry_deadline_s < 0:
             raise ValueError(f"retry_deadline_s must be non-negative, got {self.retry_deadline_s}")
