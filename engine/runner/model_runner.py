@@ -187,15 +187,15 @@ class ModelRunner:
             if any(t != 1.0 for t in temps):
                 logits = logits / torch.tensor(temps, device=logits.device)[:, None]
         values = row_scores(logits, self.config.value_mode, self.invariant) if any(want) else None
-        picked = values.gather(1, tokens[:, None])[:, 0].tolist() if values is not None else None
+        sampled_values = values.gather(1, tokens[:, None])[:, 0] if values is not None else None
+        picked = sampled_values.tolist() if sampled_values is not None else None
         tops = top_k_rows(values, [s.params.top_logprobs_num if s.params.return_logprob else 0 for s in seqs]) \
             if values is not None else [None] * len(seqs)
         asked = [s.params.output_token_ids for s in seqs]
         cands = token_id_rows(values, asked) if values is not None and any(a is not None for a in asked) \
             else [None] * len(seqs)
         ranked = [w and s.params.return_output_ranks for w, s in zip(want, seqs, strict=True)]
-        ranks = target_ranks(values, values.gather(1, tokens[:, None])[:, 0], ranked) \
-            if values is not None and any(ranked) else [None] * len(seqs)
+        ranks = target_ranks(values, sampled_values, ranked) if values is not None else [None] * len(seqs)
         for j, ((_, ci), tok) in enumerate(zip(rows, tokens.tolist(), strict=True)):
             results[ci].sampled = tok
             if want[j] and picked is not None:

@@ -10,29 +10,22 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from deploy.config import AppConfig
 from deploy.front_door import haproxy_bufsize, real_haproxy
-from tests.deploy.test_haproxy_shim import _free_port, render_ray_config, tempfile_short
+from tests.deploy.test_haproxy_shim import ReplicaHandler, _free_port, render_ray_config, tempfile_short
 from tests.helpers.haproxy_cluster import listening
 
 
-class _Replica(BaseHTTPRequestHandler):
-    """Stands in for the ingress replica (and its guard): says how many bytes of target and headers reached it."""
+class _Replica(ReplicaHandler):
+    """The replica (and its guard) saying how many bytes of target and headers reached it."""
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        body = f"{len(self.path)} {sum(len(k) + len(v) + 4 for k, v in self.headers.items())}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    def answer(self) -> bytes:
+        return f"{len(self.path)} {sum(len(k) + len(v) + 4 for k, v in self.headers.items())}".encode()
 
 
 @pytest.fixture(scope="module")

@@ -75,9 +75,14 @@ def test_patch_without_anchors_leaves_the_file_and_says_why() -> None:
     assert patch(text, Settings(None, (), "", "")) == (text, None)
 
 
-class _Replica(BaseHTTPRequestHandler):
+class ReplicaHandler(BaseHTTPRequestHandler):
+    """Stands in for the ingress replica behind HAProxy: answers every GET with `answer()`, logs nothing."""
+
+    def answer(self) -> bytes:
+        return b"replica"
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        body = b"replica"
+        body = self.answer()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -91,7 +96,7 @@ class _Replica(BaseHTTPRequestHandler):
 def haproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, Path]]:
     """Real HAProxy started through the shim as Ray starts it (`<binary> -db -f <config> -dR`), in front of a plain
     HTTP server standing in for the ingress replica; the config's key in the app args, another in the environment."""
-    replica = ThreadingHTTPServer(("127.0.0.1", 0), _Replica)
+    replica = ThreadingHTTPServer(("127.0.0.1", 0), ReplicaHandler)
     threading.Thread(target=replica.serve_forever, daemon=True).start()
     run_dir = Path(tempfile_short())
     port = _free_port()

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -122,6 +123,19 @@ def _close(got: list[float], want: list[float]) -> bool:
     return len(got) == len(want) and max(abs(a - b) for a, b in zip(got, want, strict=True)) <= ATOL
 
 
+def _scored(app: Served, prompt: dict[str, Any], ids: list[int], want: list[float]) -> dict[str, Any]:
+    """SGLang's /generate scoring `prompt` (its ids or text, and its image_data) from position 0: the rows are the
+    expanded `ids`, each within 1e-4 of `want`; the answer's meta_info."""
+    body = {**prompt, "return_logprob": True, "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 0}}
+    r = httpx.post(f"{app.url}/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    meta = r.json()["meta_info"]
+    entries = meta["input_token_logprobs"]
+    assert [e[1] for e in entries] == ids and entries[0][0] is None
+    assert _close([e[0] for e in entries[1:]], want)
+    return meta
+
+
 def _counters(app: Served) -> tuple[int, int]:
     """(images through the vision tower, prefix-cache hit tokens) of the app's one worker."""
     (stats,) = worker_stats(app.name, samples=2).values()
@@ -191,14 +205,7 @@ def test_sglang_image_data_beside_ids_and_text(app: Served) -> None:
     runs, _ = _counters(app)
     for sent, data in ((body_ids, base64.b64encode(png).decode()), (one, _data_url(png)), (body_ids, [
             _data_url(png)])):
-        body = {"input_ids": sent, "image_data": data, "return_logprob": True, "logprob_start_len": 0,
-                "sampling_params": {"max_new_tokens": 0}}
-        r = httpx.post(f"{app.url}/generate", json=body, timeout=120)
-        assert r.status_code == 200, r.text
-        meta = r.json()["meta_info"]
-        entries = meta["input_token_logprobs"]
-        assert [e[1] for e in entries] == body_ids and entries[0][0] is None
-        assert _close([e[0] for e in entries[1:]], want)
+        meta = _scored(app, {"input_ids": sent, "image_data": data}, body_ids, want)
     assert meta["cached_tokens"] > 0  # the same image and ids: its blocks come from the prefix cache
     assert _counters(app)[0] - runs == 1  # three requests, one tower run
 
@@ -207,16 +214,9 @@ def test_sglang_image_data_beside_ids_and_text(app: Served) -> None:
     tok = AutoTokenizer.from_pretrained(app.path)
     ids = expand_runs(tok.encode(text, add_special_tokens=False), [image.num_tokens], IMAGE_TOKEN)
     want = vl_scores(app.path, ids, [image], 0)
-    body = {"text": text, "image_data": _data_url(png), "return_logprob": True, "logprob_start_len": 0,
-            "sampling_params": {"max_new_tokens": 0}}
     for cold in (True, False):
         runs, _ = _counters(app)
-        r = httpx.post(f"{app.url}/generate", json=body, timeout=120)
-        assert r.status_code == 200, r.text
-        meta = r.json()["meta_info"]
-        entries = meta["input_token_logprobs"]
-        assert [e[1] for e in entries] == ids and entries[0][0] is None
-        assert _close([e[0] for e in entries[1:]], want)
+        meta = _scored(app, {"text": text, "image_data": _data_url(png)}, ids, want)
         assert (meta["cached_tokens"] > 0) is not cold
         assert _counters(app)[0] - runs == (1 if cold else 0)
 

@@ -77,3 +77,14 @@ def client_of(worker: EngineWorker) -> httpx.AsyncClient:
     """An HTTP client of the whole ingress app over `worker` (a test that also looks into its engine)."""
     app = build_fastapi_app(HandleBackend(LocalHandle(worker)))  # type: ignore[arg-type]
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=120)
+
+
+async def engine_idle(worker: EngineWorker) -> None:
+    """Wait until the worker's engine holds no request: a closed call's abort reaches the engine thread within a step
+    or two (the close is asynchronous); AssertionError naming the requests still there after 10 s."""
+    eng = worker.engine.engine
+    for _ in range(200):
+        if not eng.seqs and not eng.has_unfinished():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the engine still runs {list(eng.seqs)}")

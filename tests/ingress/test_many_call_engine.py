@@ -14,7 +14,7 @@ import pytest
 from ingress.app import build_fastapi_app
 from ingress.backend import HandleBackend
 from tests.helpers.fakes import RawCall
-from tests.helpers.local_worker import LocalHandle, client_of
+from tests.helpers.local_worker import LocalHandle, client_of, engine_idle
 from workers.worker import EngineWorker
 
 PROMPTS = [[1, 504, 3458, 282, 2630], [1, 504, 3458, 282, 357, 1345], [1, 1789, 30]]
@@ -50,16 +50,6 @@ async def test_streamed_prompts_are_one_call_and_add_up_to_the_whole_answers(wor
     assert all(len(t) == 6 for t in tokens)
 
 
-async def _engine_idle(worker: EngineWorker) -> None:
-    """The call's cancellation reaches the engine thread within a step or two."""
-    eng = worker.engine.engine
-    for _ in range(200):
-        if not eng.seqs and not eng.has_unfinished():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the engine still runs {list(eng.seqs)}")
-
-
 async def test_a_client_that_leaves_mid_stream_aborts_every_request_of_the_call(worker: EngineWorker) -> None:
     app = build_fastapi_app(HandleBackend(LocalHandle(worker)))  # type: ignore[arg-type]
     body = {"prompt": PROMPTS, "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
@@ -73,7 +63,7 @@ async def test_a_client_that_leaves_mid_stream_aborts_every_request_of_the_call(
     assert worker._stream_calls == calls + 1
     raw.gone.set()
     await asyncio.wait_for(task, 30)
-    await _engine_idle(worker)
+    await engine_idle(worker)
     assert worker.engine.stats().queued == 0
     # Aborted, not run to max_tokens.
     assert eng.counters.steps - steps < 200

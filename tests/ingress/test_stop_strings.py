@@ -4,7 +4,6 @@ completed the stop string, streamed or not, with nothing the engine generated af
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from tests.helpers.local_worker import client_of
+from tests.helpers.local_worker import client_of, engine_idle
 from workers.worker import EngineWorker
 
 IDS = [1, 504, 3458, 282, 2630, 28, 357, 1345, 314, 253, 1789, 30]
@@ -38,16 +37,6 @@ async def _generate(worker: EngineWorker, **fields: Any) -> dict[str, Any]:
             "rows": [row for e in events for row in e["meta_info"]["output_token_logprobs"]]}
 
 
-async def _engine_idle(worker: EngineWorker) -> None:
-    """The request's abort reaches the engine thread within a step or two (the call is closed asynchronously)."""
-    eng = worker.engine.engine
-    for _ in range(200):
-        if not eng.seqs and not eng.has_unfinished():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the engine still runs {list(eng.seqs)}")
-
-
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("include", [False, True])
 async def test_a_stop_string_ends_the_answer_and_the_engine_request(worker: EngineWorker, smollm2_path: Path,
@@ -70,6 +59,6 @@ async def test_a_stop_string_ends_the_answer_and_the_engine_request(worker: Engi
     assert meta["completion_tokens"] == k
     rows = got["rows"] if stream else meta["output_token_logprobs"]
     assert rows == free["meta_info"]["output_token_logprobs"][:k]
-    await _engine_idle(worker)
+    await engine_idle(worker)
     # Aborted, not run to max_tokens: the engine stepped a few times past the stop at most.
     assert eng.counters.steps - steps < k + 10 < MAX_TOKENS
