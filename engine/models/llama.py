@@ -260,8 +260,17 @@ class LlamaForCausalLM(nn.Module):
         return len(self.model.layers)
 
     def kv_bytes_per_token(self) -> int:
-        """K and V of every layer for one position, in the model dtype."""
+        """K and V of every layer for one position, in the model dtype (a family whose cache differs overrides this
+        and make_kv_caches together)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+    def make_kv_caches(self, num_slots: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The paged cache of each of this model's layers, in layer order: a (K, V) pair of [slots, ...] tensors,
+        slot = block * block_size + offset. The model owns the layout because families differ (a latent per token,
+        layers with no paged cache, a pipeline stage's layers only); the runner and the ranks only allocate it."""
+        shape = (num_slots, self.num_kv_heads, self.head_dim)  # [slots, Hkv, D]
+        return [(torch.zeros(shape, dtype=self.dtype, device=device),
+                 torch.zeros(shape, dtype=self.dtype, device=device)) for _ in range(self.num_layers)]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [R, hidden] rows as forward() returns them -> [R, vocab] raw logits in the model dtype (float32

@@ -40,9 +40,7 @@ class Follower:
     def handle(self, msg: Setup | Forward | Adapter | Score | Targets | Logits) -> None:
         hidden_size, dtype, dev = self.model.hidden_size, self.model.dtype, self.device
         if isinstance(msg, Setup):
-            shape = (msg.num_blocks * self.block_size, self.model.num_kv_heads, self.model.head_dim)
-            self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev))
-                              for _ in range(self.model.num_layers)]
+            self.kv_caches = self.model.make_kv_caches(msg.num_blocks * self.block_size, dev)
         elif isinstance(msg, Forward):
             meta = AttentionMetadata(msg.slot_mapping.to(dev), msg.starts, msg.lens,
                                      [s.to(dev) for s in msg.context_slots])

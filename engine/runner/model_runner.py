@@ -55,10 +55,7 @@ class ModelRunner:
         num_slots = num_blocks * self.block_size
         # The varlen backend gets one block past the pool's: the decode graphs' padding rows write and read it.
         varlen = isinstance(self.backend, VarlenPagedAttention)
-        shape = (num_slots + (self.block_size if varlen else 0), model.num_kv_heads, model.head_dim)
-        # One [slots, Hkv, D] tensor per layer for K and for V; slot = block * block_size + offset.
-        self.kv_caches = [(torch.zeros(shape, dtype=model.dtype, device=device),
-                           torch.zeros(shape, dtype=model.dtype, device=device)) for _ in range(model.num_layers)]
+        self.kv_caches = model.make_kv_caches(num_slots + (self.block_size if varlen else 0), device)
         # The last layer's hidden state (before the row-wise final norm) of every computed position, by KV slot,
         # so a scoring row in a cached block needs only the LM head. hidden/(2 x layers x kv_heads x head_dim)
         # of the KV cache's size: 5% for SmolLM2, 6% for an 8B Llama.
