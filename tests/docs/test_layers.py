@@ -1,6 +1,7 @@
 """The dependency rule, read from the code's imports (every import, at module level or inside a function):
 
-    deploy -> {ingress, workers} (and offline/cli.py, `rayscore batch`);  ingress -> workers' replica label;  workers -> engine;
+    deploy -> {ingress, workers} (and offline/cli.py: `rayscore batch`);  ingress -> workers' replica label;
+    workers -> engine;
     offline -> engine (and deploy/config.py);  everything -> {protocol, rulebook};  rulebook -> protocol
 
 and nothing upward: engine imports no Ray, web framework, ingress, workers, deploy or offline; workers never
