@@ -4,8 +4,8 @@
     python -m deploy.docs --check  # exit 1 naming each stale file (tests/docs/test_generated_docs.py does this)
 
 Each generated section sits between `<!-- NAME:start -->` and `<!-- NAME:end -->` in its page:
-- docs/configuration.md `config`: every field of deploy/config.py's AppConfig with its type, default and
-  description, and `shipped`: what each configs/*.yaml sets in its applications' `args:`;
+- docs/configuration.md `config`: every field of deploy/config.py's AppConfig with its `rayscore serve` flag, type,
+  default and description, and `shipped`: what each configs/*.yaml sets in its applications' `args:`;
 - docs/api.md `messages`: every 400 message of rulebook/ (rules.py, generate_fields.py, refused.py, limits.py,
   images.py, the sampling table);
 - docs/performance.md `reports`: the dated runs of bench/reports/;
@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from deploy.config import AppConfig
+from deploy.flags import POSITIONAL, flag_of
 from rulebook import generate_fields, images, limits, refused, rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,10 +54,11 @@ def _cell(text: str) -> str:
 
 def config_table() -> str:
     """Every `args:` field, in AppConfig's order (the engine's, the ingress's, then the deploy edge's own)."""
-    lines = ["| field | type | default | description |", "|---|---|---|---|"]
+    lines = ["| field | `rayscore serve` flag | type | default | description |", "|---|---|---|---|---|"]
     for name, field in AppConfig.model_fields.items():
         default = _default(field.get_default(call_default_factory=True))
-        lines.append(f"| `{name}` | `{_cell(_type_name(field.annotation))}` | `{_cell(default)}` | "
+        flag = "`MODEL` (positional)" if name == POSITIONAL else f"`{flag_of(name)}`"
+        lines.append(f"| `{name}` | {flag} | `{_cell(_type_name(field.annotation))}` | `{_cell(default)}` | "
                      f"{_cell(field.description or '')} |")
     return "\n".join(lines)
 

@@ -4,7 +4,7 @@
 with `--metrics-export-port` (default 8080: `curl http://127.0.0.1:8080/metrics` shows rayscore's and Serve's
 metrics) and with the front door in the environment of Ray's processes (front_door.py: Ray Serve's HAProxy ingress
 and throughput-optimized data plane where they can run, the header guard in any case), then hands over to `serve run`,
-which reuses the Ray it finds initialized. Ctrl-C stops both.
+which reuses the Ray it finds initialized. Ctrl-C stops both. With $RAY_ADDRESS set it joins that Ray instead.
 
     python -m deploy.launch configs/local.yaml [--metrics-export-port 8080]
     python -m deploy.launch configs/cluster.yaml --print-env    # the variables to give `ray start` on each node
@@ -67,8 +67,11 @@ def main(argv: list[str] | None = None) -> None:
     # sent to a launcher started in the background (where the shell had SIGINT ignored).
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
-    # The namespace `serve run` would use; a private ray.init keyword is Ray's only knob for this port.
-    ray.init(namespace="serve", _metrics_export_port=args.metrics_export_port)
+    # The namespace `serve run` would use; a private ray.init keyword is Ray's only knob for this port. A Ray of its
+    # own unless $RAY_ADDRESS names one to join: ray.init() alone would join whatever `ray start` last ran on this
+    # machine (its address file outlives it), which may be another user's, or gone.
+    ray.init(address=None if os.environ.get("RAY_ADDRESS") else "local", namespace="serve",
+             _metrics_export_port=args.metrics_export_port)
     haproxy_config = haproxy_config_file(os.environ, ray.get_runtime_context().get_node_id())
     print(f"rayscore: Ray metrics at http://127.0.0.1:{args.metrics_export_port}/metrics", flush=True)
     from ray.serve.scripts import cli

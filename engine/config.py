@@ -39,7 +39,8 @@ def _doc(default: Any, doc: str) -> Any:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = _doc(DEFAULT_MODEL, "A Hugging Face checkpoint folder on every node, or "
+    model: str = _doc(DEFAULT_MODEL, "A Hugging Face checkpoint folder on every node, a hub id (org/name) in every "
+                      "node's local Hugging Face cache (never downloaded), or "
                       f"'{DEFAULT_MODEL}' for the embedded default model (converted once into cache_dir).")
     dtype: DType = _doc("float32", "Weights and activations. float32 gives exact logprobs; bfloat16 is the GPU norm.")
     # vLLM's `hf_overrides={"head_dtype": "float32"}`, SGLang's --enable-fp32-lm-head: the final norm runs in the

