@@ -158,9 +158,9 @@ def test_placeholder_count_must_match_images() -> None:
 def test_text_model_refuses_images(tmp_path: Path) -> None:
     from tests.helpers.families import family_path
     eng = make_engine(family_path("qwen3"))
-    ids, images = _prompt("qwen2_5_vl", ((150, 100),), [7])
-    with pytest.raises(RequestError, match="takes no images"):
-        eng.add_request("a", ids, scoring(0), images=images)
+    _, images = _prompt("qwen2_5_vl", ((150, 100),), [7])
+    with pytest.raises(RequestError, match="takes no images"):  # ids of its vocabulary, an image beside them
+        eng.add_request("a", list(range(2, 40)), scoring(0), images=images)
     assert hf_scores  # the text families' reference stays importable beside the VL one
 
 
