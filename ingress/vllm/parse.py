@@ -126,7 +126,8 @@ def parse(body: TokenGenerateBody, info: ModelInfo, max_logprobs: int,
         logprob_token_ids=sp.logprob_token_ids, prompt_logprobs=k_prompt,
         id_rows=rows if scores_prompt else None, id_rows_offset=offset, flat=bool(sp.flat_logprobs),
         detokenize=sp.detokenize is not False,
-        image_runs=tuple(placeholder_runs(ids, info.image_token_id)) if images and info.image_token_id else ())
+        image_runs=tuple(placeholder_runs(ids, info.image_token_id))
+        if images and info.image_token_id is not None else ())  # an id, 0 too: never its truth value
 
 
 def engine_rid(request_id: str) -> str:

@@ -62,10 +62,12 @@ class Served:
 
 def _served_folder(root: Path, family: str) -> Path:
     """The checkpoint with what a real VLM folder holds beside the weights: its image processor (under the hub's
-    class names) and Qwen's chat template."""
+    class names) and Qwen's chat template. As a new user's random checkpoint: transformers' own initialisation, the
+    vision ids the last rows of the vocabulary (issue 48; the in-process tests, ingress's too, also run scaled
+    weights)."""
     from transformers import AutoTokenizer
 
-    path = build_tiny_vlm(root / family, family, seed=3 + FAMILIES.index(family))
+    path = build_tiny_vlm(root / family, family, seed=3 + FAMILIES.index(family), scale=None)
     processor(family).save_pretrained(path)
     config = json.loads((path / "preprocessor_config.json").read_text())
     config["image_processor_type"], config["processor_class"] = HUB_PROCESSOR[family]

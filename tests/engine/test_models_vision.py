@@ -2,7 +2,8 @@
 generate, on tiny random checkpoints (tests/helpers/tiny_vision.py): scoring rows with images, chunked prefill that
 splits the text around and inside an image's placeholder run, greedy generation (M-RoPE positions after the prompt),
 the vision tower run once per image per request, and text-only requests beside image requests (test_image_budget.py:
-the step's image budget)."""
+the step's image budget). The checkpoints hold the vision ids where real ones do, the last rows of a 49,156-row
+vocabulary (tests/helpers/tiny_vision.py), with scaled weights and with transformers' own initialisation."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import RequestError
 from engine.multimodal.image_input import ImageInput
 from engine.multimodal.placeholders import expand_placeholders
+from engine.multimodal.request_images import RequestImages
 from protocol.outputs import RequestOutput, merge_outputs
 from tests.helpers.engine import greedy, make_engine, scoring
 from tests.helpers.reference import hf_scores
@@ -32,17 +35,18 @@ from tests.helpers.tiny_vision import (
     random_image,
     text_ids,
 )
-from tests.helpers.vision_reference import vl_generate, vl_scores
+from tests.helpers.vision_reference import vl_generate, vl_model, vl_scores
 
 ATOL = 1e-4
 FAMILIES = ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"]
 
 
 @cache
-def vlm_path(family: str) -> Path:
+def vlm_path(family: str, scaled: bool = True) -> Path:
+    """The family's tiny checkpoint: weights scaled (every part moves the rows at 1e-4) or transformers' own init."""
     root = Path(tempfile.mkdtemp(prefix=f"rayscore-{family}-"))
     atexit.register(shutil.rmtree, root, True)
-    return build_tiny_vlm(root / family, family, seed=20 + FAMILIES.index(family))
+    return build_tiny_vlm(root / family, family, seed=20 + FAMILIES.index(family), scale=0.2 if scaled else None)
 
 
 def _prompt(family: str, sizes: tuple[tuple[int, int], ...], at: list[int], seed: int = 0,
@@ -67,6 +71,39 @@ def test_scoring_one_image_unchunked(family: str) -> None:
     # The image is seen: another image behind the same placeholder ids scores differently.
     other = [image_input(family, random_image(150, 100, 99))]
     assert _diff(out.input_token_logprobs, ids, 0, vl_scores(path, ids, other, 0)) > 1e-3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_default_init_cold_and_cached(family: str) -> None:
+    """Issue 48's checkpoint: transformers' own initialisation, vision ids 49152-49155. Rows within 1e-4 cold, then
+    the same prompt again (cached past the image's run: no tower run), and chunked inside the run."""
+    path = vlm_path(family, scaled=False)
+    ids, images = _prompt(family, ((112, 84),), [7], seed=11)
+    want = vl_scores(path, ids, images, 0)
+    eng = make_engine(path, max_num_batched_tokens=1000, enable_prefix_cache=True)
+    assert _diff(eng.generate([ids], scoring(0), check=True, images=[images])[0].input_token_logprobs, ids, 0,
+                 want) <= ATOL
+    hits = eng.kv.stats.hit_tokens
+    out = eng.generate([ids], scoring(0), check=True, images=[images])[0]
+    assert _diff(out.input_token_logprobs, ids, 0, want) <= ATOL
+    assert eng.kv.stats.hit_tokens - hits > 8 + images[0].num_tokens  # past the run: served from the cache
+    assert eng.runner.vision is not None and eng.runner.vision.tower_runs == 1
+    chunked = make_engine(path, max_num_batched_tokens=5).generate([ids], scoring(0), check=True, images=[images])[0]
+    assert _diff(chunked.input_token_logprobs, ids, 0, want) <= ATOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_positions_are_transformers_rope_index(family: str) -> None:
+    """The prompt's M-RoPE positions and the shift after it equal transformers' get_rope_index (two images, text
+    between and after), placeholders marked by the checkpoint's image_token_id as the processor marks them."""
+    path = vlm_path(family)
+    ids, images = _prompt(family, ((150, 100), (100, 130)), [4, 15], seed=1)
+    ours = RequestImages(ids, images, IMAGE_TOKEN)
+    input_ids = torch.tensor([ids])
+    model = vl_model(str(path)).model
+    want, delta = model.get_rope_index(input_ids, (input_ids == model.config.image_token_id).int(),
+                                       image_grid_thw=torch.tensor([im.grid_thw for im in images]))
+    assert torch.equal(ours.prompt_positions, want[:, 0]) and ours.delta == int(delta)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -121,9 +158,9 @@ def test_placeholder_count_must_match_images() -> None:
 def test_text_model_refuses_images(tmp_path: Path) -> None:
     from tests.helpers.families import family_path
     eng = make_engine(family_path("qwen3"))
-    ids, images = _prompt("qwen2_5_vl", ((150, 100),), [7])
-    with pytest.raises(RequestError, match="takes no images"):
-        eng.add_request("a", ids, scoring(0), images=images)
+    _, images = _prompt("qwen2_5_vl", ((150, 100),), [7])
+    with pytest.raises(RequestError, match="takes no images"):  # ids of its vocabulary, an image beside them
+        eng.add_request("a", list(range(2, 40)), scoring(0), images=images)
     assert hf_scores  # the text families' reference stays importable beside the VL one
 
 

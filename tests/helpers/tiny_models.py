@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -17,20 +18,31 @@ CORPUS = [
 VOCAB = 320
 
 
-def _tokenizer(folder: Path, special: tuple[str, ...] = ()) -> None:
-    """The BPE tokenizer of VOCAB ids; `special` tokens (a vision-language model's image tokens) take the top ids, in
-    order, as added special tokens, so a text holding one tokenizes to its id."""
+def _tokenizer(folder: Path, special: tuple[str, ...] = (), size: int = VOCAB) -> None:
+    """The BPE tokenizer of `size` ids; `special` tokens (a vision-language model's image tokens) take the top ids, in
+    order, as added special tokens, so a text holding one tokenizes to its id. A base vocabulary larger than the
+    corpus trains to is filled with tokens no merge produces (`<unused_i>`: ids a prompt may hold, as a real
+    tokenizer's rare tokens), so the specials sit where a real checkpoint's do: after the tokenizer's base size."""
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    size = VOCAB - len(special) if special else VOCAB - 2  # (the trainer's size counts <eos> and <pad>)
-    trainer = trainers.BpeTrainer(vocab_size=size, special_tokens=["<eos>", "<pad>"],
+    base = size - len(special) if special else size - 2  # (the trainer's size counts <eos> and <pad>)
+    trainer = trainers.BpeTrainer(vocab_size=min(base, VOCAB), special_tokens=["<eos>", "<pad>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(CORPUS, trainer)
+    if base > VOCAB:
+        model = json.loads(tok.to_str())["model"]
+        vocab: dict[str, int] = dict(model["vocab"])
+        vocab.update({f"<unused_{i}>": i for i in range(len(vocab), base)})
+        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        trained = tok
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None))
+        tok.pre_tokenizer, tok.decoder = trained.pre_tokenizer, trained.decoder
+        tok.add_special_tokens(["<eos>", "<pad>"])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
     if special:
         fast.add_special_tokens({"additional_special_tokens": list(special)})
-        assert fast.convert_tokens_to_ids(list(special)) == list(range(VOCAB - len(special), VOCAB)), "vocab short"
+        assert fast.convert_tokens_to_ids(list(special)) == list(range(size - len(special), size)), "vocab short"
     fast.save_pretrained(folder)
 
 

@@ -19,12 +19,18 @@ from transformers import (
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from engine.multimodal.image_input import ImageInput
-from tests.helpers.tiny_models import VOCAB, _tokenizer
+from tests.helpers.tiny_models import _tokenizer
 
-# The placeholder ids sit at the top of the tiny vocabulary, the tokenizer's added special tokens with the Qwen
+# Where real checkpoints put the placeholder ids: the last rows of the vocabulary, after the tokenizer's base size
+# (SmolLM2's 49,152 here, plus Qwen's four vision tokens: ids 49152-49155 of 49,156 rows; Qwen2.5-VL's image token is
+# 151655 of 152,064). Large ids, so that a rule holding only for small ones (a table sized by the base vocabulary, an
+# id through a 16-bit type, a reference marking a fixed id) shows; the tokenizer's added special tokens with the Qwen
 # families' names (BPE never produces them from other text), below them Qwen's chat turn markers.
-VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN = VOCAB - 4, VOCAB - 3, VOCAB - 2, VOCAB - 1
+BASE_VOCAB = 49152
+VOCAB = BASE_VOCAB + 4
+VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN = range(BASE_VOCAB, VOCAB)
 SPECIAL = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+IM_START = VOCAB - len(SPECIAL)
 # Qwen's chat template for a message whose content is text (an image part is already text here: the ingress's mark).
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -36,11 +42,13 @@ _IDS = dict(image_token_id=IMAGE_TOKEN, video_token_id=VIDEO_TOKEN, vision_start
 PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16, "qwen3_vl_moe": 16}
 
 
-def build_tiny_vlm(folder: Path, family: str, seed: int = 0, tie: bool = False) -> Path:
+def build_tiny_vlm(folder: Path, family: str, seed: int = 0, tie: bool = False, scale: float | None = 0.2) -> Path:
     """Writes config.json + model.safetensors + tokenizer into folder; returns folder. Qwen2.5-VL's window (56
-    pixels: 2 x 2 merged tokens) is smaller than the test images, so window and full attention blocks differ."""
+    pixels: 2 x 2 merged tokens) is smaller than the test images, so window and full attention blocks differ.
+    scale: every weight drawn from N(0, scale) (spread logits: every part moves the rows at 1e-4); None keeps
+    transformers' own initialisation, as a new user's random checkpoint has it."""
     folder.mkdir(parents=True, exist_ok=True)
-    _tokenizer(folder, SPECIAL)
+    _tokenizer(folder, SPECIAL, VOCAB)
     torch.manual_seed(seed)
     model: torch.nn.Module
     if family == "qwen2_5_vl":
@@ -66,9 +74,10 @@ def build_tiny_vlm(folder: Path, family: str, seed: int = 0, tie: bool = False) 
             model = Qwen3VLMoeForConditionalGeneration(cfg)
     else:
         raise ValueError(family)
-    with torch.no_grad():  # random init is small; wider weights spread the logits so tests are sensitive
-        for p in model.parameters():
-            p.normal_(0, 0.2)
+    if scale is not None:
+        with torch.no_grad():  # random init is small; wider weights spread the logits so tests are sensitive
+            for p in model.parameters():
+                p.normal_(0, scale)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 
@@ -93,9 +102,9 @@ def image_input(family: str, image: Image.Image) -> ImageInput:
 
 
 def text_ids(n: int, seed: int) -> list[int]:
-    """Random ids of ordinary tokens (none of the vision ids)."""
+    """Random ids of ordinary tokens (no special one), from the whole base vocabulary."""
     rng = np.random.default_rng(seed)
-    return rng.integers(2, VISION_START, n).tolist()
+    return rng.integers(2, IM_START, n).tolist()
 
 
 def expand(ids: list[int], images: list[ImageInput], at: list[int]) -> list[int]:

@@ -210,6 +210,26 @@ def test_expansion_counts_positions_in_the_expanded_prompt(side: ImageSide) -> N
     assert expanded(ids, [], ModelInfo("text", 100, 64, "raw_logprobs"), "input_ids") == ids  # a text model
 
 
+@pytest.mark.parametrize("token_id", [0, 99])  # the lowest id (falsy) and the vocabulary's last row
+def test_placeholder_ids_are_compared_never_ranged(side: ImageSide, token_id: int) -> None:
+    """Wherever the image token id sits in the vocabulary, the ingress finds and expands its runs by equality, and
+    vLLM's token route reports each image's run (return_token_ids: its mm_placeholders)."""
+    from ingress.vllm.parse import parse as vllm_parse
+    from ingress.vllm.render import mm_placeholders
+    from ingress.vllm.schemas import TokenGenerateBody
+
+    (image,) = side.prepare([_blob(_encoded(random_image(84, 56, seed=6)))], LIMITS)
+    info = ModelInfo("vl", 100, 64, "raw_logprobs", image_token_id=token_id, vision_start_token_id=5,
+                     vision_end_token_id=6)
+    ids = [3, 5, token_id, 6, 2]
+    want = [3, 5] + [token_id] * image.num_tokens + [6, 2]
+    assert expanded(ids, [image], info, "m") == want
+    body = TokenGenerateBody(token_ids=ids, sampling_params={"max_tokens": 1}, return_token_ids=True)
+    tr = vllm_parse(body, info, 20, [image])
+    assert tr.request.input_ids == want
+    assert mm_placeholders(tr) == {"image": [{"offset": 2, "length": image.num_tokens}]}
+
+
 def test_image_tokens_over_the_context() -> None:
     broken = img.image_context(70, [60], 1, 64, "messages")
     assert broken is not None and broken.message == img.IMAGE_CONTEXT.format(
