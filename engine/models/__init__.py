@@ -25,6 +25,7 @@ MODEL_REGISTRY: dict[str, str] = {
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
     "Qwen3VLForConditionalGeneration": "qwen3_vl",
     "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from engine.layers.linear import Linear, linear
 from engine.layers.lora import Shard
+from engine.layers.mla import MultiHeadLatentAttention
 from engine.models.llama import MLP, LlamaForCausalLM
 from engine.parallel.group import TPGroup
 
@@ -57,7 +58,9 @@ def refusals(model: LlamaForCausalLM, size: int) -> list[str]:
     cfg = model.config
     found: list[str] = []
     attn = model.model.layers[0].self_attn if model.num_layers else None
-    if attn is not None:
+    if isinstance(attn, MultiHeadLatentAttention):  # its heads share one latent: not q/k/v heads to split
+        found.append("multi-head latent attention (kv_lora_rank) is not split across ranks")
+    elif attn is not None:
         hq, hkv = attn.num_heads, attn.num_kv_heads
         if hq % size:
             found.append(f"num_attention_heads {hq} is not divisible by tensor_parallel_size {size}")
