@@ -11,7 +11,6 @@ mlp.experts.e.{gate,up,down}_proj, mlp.shared_experts.*). The hub's FP8 weights 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -26,10 +25,10 @@ from engine.models.llama import MLP, DecoderLayer, LlamaForCausalLM
 
 class DeepseekV3MoE(SparseMoeBlock):
     def __init__(self, cfg: Any) -> None:
-        super().__init__(SimpleNamespace(
-            hidden_size=cfg.hidden_size, num_experts=cfg.n_routed_experts, num_experts_per_tok=cfg.num_experts_per_tok,
-            norm_topk_prob=cfg.norm_topk_prob, moe_intermediate_size=cfg.moe_intermediate_size,
-            hidden_act=cfg.hidden_act))
+        # The shared experts: one dense MLP of n_shared_experts x moe_intermediate_size, added to the routed sum.
+        shared = MLP(cfg, intermediate_size=cfg.moe_intermediate_size * cfg.n_shared_experts)
+        super().__init__(cfg, num_experts=cfg.n_routed_experts, norm_topk_prob=bool(cfg.norm_topk_prob),
+                         shared_expert=shared)
         self.n_group, self.topk_group = int(cfg.n_group or 1), int(cfg.topk_group or 1)
         if self.num_experts % self.n_group:
             raise ValueError(f"config field n_group {self.n_group} does not divide n_routed_experts "
@@ -37,11 +36,6 @@ class DeepseekV3MoE(SparseMoeBlock):
         self.routed_scaling_factor = float(cfg.routed_scaling_factor)
         # The checkpoint's mlp.gate.e_score_correction_bias [E]: added to the scores that choose, not to the weights.
         self.gate.e_score_correction_bias = nn.Parameter(torch.empty(self.num_experts))
-        self.shared_experts = MLP(cfg, intermediate_size=cfg.moe_intermediate_size * cfg.n_shared_experts)
-
-    def fuse(self) -> None:
-        super().fuse()
-        self.shared_experts.fuse()
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, hidden] -> (weights [T, k] in x's dtype, expert ids [T, k]), in float32 as transformers' router."""
@@ -60,11 +54,13 @@ class DeepseekV3MoE(SparseMoeBlock):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return (weights * self.routed_scaling_factor).to(x.dtype), idx
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) + self.shared_experts(x)
-
 
 class DeepseekV3ForCausalLM(LlamaForCausalLM):
+    @classmethod
+    def checkpoint_name(cls, name: str) -> str:
+        """DeepSeek's mlp.shared_experts is SparseMoeBlock's shared_expert."""
+        return name.replace(".mlp.shared_experts.", ".mlp.shared_expert.")
+
     def make_layer(self, cfg: Any, i: int) -> DecoderLayer:
         attn: Any = MultiHeadLatentAttention(cfg)
         mlp = MLP(cfg) if i < int(cfg.first_k_dense_replace or 0) else DeepseekV3MoE(cfg)

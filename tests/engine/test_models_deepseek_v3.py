@@ -106,7 +106,7 @@ def test_moe_block_equals_transformers(variant: str) -> None:
             expert.up_proj.weight.copy_(ref.experts.gate_up_proj[e, w:])
             expert.down_proj.weight.copy_(ref.experts.down_proj[e])
         for name in ("gate_proj", "up_proj", "down_proj"):
-            getattr(ours.shared_experts, name).weight.copy_(getattr(ref.shared_experts, name).weight)
+            getattr(ours.shared_expert, name).weight.copy_(getattr(ref.shared_experts, name).weight)
     ours.fuse()
     x = torch.randn(97, cfg.hidden_size)
     with torch.inference_mode():
