@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
+from engine.loading import fp8
 from engine.models import model_class
 from engine.models.llama import LlamaForCausalLM
 
@@ -54,13 +55,22 @@ def load_model(path: str | Path, dtype: str, device: torch.device, float32_head:
     wanted = dict(model.named_parameters())
     tied = model.tie_word_embeddings
     state: dict[str, torch.Tensor] = {}
+    block = fp8.block_size(cfg)
+    pairs = fp8.Fp8Weights(block) if block is not None else None  # FP8 weights dequantized with their scales
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for stored in f.keys():
                 name = cls.checkpoint_name(stored)
-                if name in wanted and not (tied and name == "lm_head.weight"):
-                    tensor = cls.checkpoint_tensor(name, f.get_tensor(stored), wanted[name].shape)
-                    state[name] = tensor.to(device=device, dtype=DTYPES[dtype])
+                weight_name = name.removesuffix(fp8.SCALE_SUFFIX) if pairs is not None else name
+                if weight_name in wanted and not (tied and weight_name == "lm_head.weight"):
+                    got: tuple[str, torch.Tensor] | None = (name, f.get_tensor(stored))
+                    if pairs is not None:
+                        got = pairs.take(*got)
+                    if got is not None:
+                        tensor = cls.checkpoint_tensor(got[0], got[1], wanted[got[0]].shape)
+                        state[got[0]] = tensor.to(device=device, dtype=DTYPES[dtype])
+    if pairs is not None:
+        pairs.check_done()
     missing = [n for n in wanted if n not in state and not (tied and n == "lm_head.weight")]
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
