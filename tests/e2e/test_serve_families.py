@@ -1,5 +1,6 @@
-"""Model families through the Serve app (real local Ray cluster, HTTP): a windowed, soft-capped family (Gemma 2)
-and an MoE family (Qwen3-MoE), each from a local checkpoint folder. Scoring rows of a prompt five windows long
+"""Model families through the Serve app (real local Ray cluster, HTTP): a windowed, soft-capped family (Gemma 2),
+an MoE family (Qwen3-MoE) and DeepSeek-V3 (latent attention, group-limited experts), each from a local checkpoint
+folder. Scoring rows of a prompt five windows long
 (top-k included) are within 1e-4 of transformers' float32 forward, and greedy generation equals its generate."""
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from tests.helpers.engine import rand_ids
 from tests.helpers.families import ATOL, family_path, hf_generate
 from tests.helpers.reference import hf_logits, hf_model, hf_scores
 from tests.helpers.serve import app_args, deploy, score_body
+from tests.helpers.tiny_deepseek_v3 import VARIANTS, dsv3_path
 from tests.helpers.tiny_families import WINDOW
 
 
-@pytest.mark.parametrize("family", ["gemma2", "qwen3-moe"])
+@pytest.mark.parametrize("family", ["gemma2", "qwen3-moe", "dsv3"])
 def test_family_served_exactly(serve_url: str, family: str) -> None:
-    path = family_path(family)
+    path = dsv3_path(family) if family in VARIANTS else family_path(family)
     name = f"family-{family}"
     deploy(name, f"/{name}", app_args(model=str(path), num_workers=1, kv_cache_mb=8))
     url = f"{serve_url}/{name}/generate"

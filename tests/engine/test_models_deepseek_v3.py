@@ -6,10 +6,7 @@ transformers' rows; the refusals."""
 
 from __future__ import annotations
 
-import atexit
 import shutil
-import tempfile
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +30,9 @@ from tests.helpers.families import (
     check_scoring_any_chunking,
 )
 from tests.helpers.reference import hf_scores
-from tests.helpers.tiny_deepseek_v3 import VARIANTS, build_deepseek_v3, config
+from tests.helpers.tiny_deepseek_v3 import VARIANTS, config, dsv3_path
 
 VARIANT_NAMES = list(VARIANTS)
-
-
-@cache
-def dsv3_path(variant: str) -> Path:
-    root = Path(tempfile.mkdtemp(prefix=f"rayscore-{variant}-"))
-    atexit.register(shutil.rmtree, root, True)
-    return build_deepseek_v3(root / variant, variant, seed=50 + VARIANT_NAMES.index(variant))
 
 
 # dsv3: q_lora_rank set, interleaved rotary, YaRN; dsv3-plain-q: q_proj, rotate-half rotary, default RoPE, raw top-k.

@@ -6,7 +6,11 @@ e_score_correction_bias and group limit, the routed scale and the shared expert.
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +62,14 @@ def build_deepseek_v3(folder: Path, variant: str = "dsv3", seed: int = 0) -> Pat
                 b.copy_(torch.randn(b.shape) * 0.5)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+@cache
+def dsv3_path(variant: str) -> Path:
+    """The variant's tiny checkpoint, built on first use in this process."""
+    root = Path(tempfile.mkdtemp(prefix=f"rayscore-{variant}-"))
+    atexit.register(shutil.rmtree, root, True)
+    return build_deepseek_v3(root / variant, variant, seed=50 + list(VARIANTS).index(variant))
 
 
 # --- the hub's FP8 layout ------------------------------------------------------------------------------------
