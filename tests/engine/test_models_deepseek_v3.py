@@ -18,10 +18,12 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE a
 from engine.layers.attention import VarlenPagedAttention
 from engine.layers.mla import MultiHeadLatentAttention
 from engine.loading.loader import load_model
+from engine.loading.lora import LoraError
 from engine.models.deepseek_v3 import DeepseekV3MoE
 from engine.parallel.shard import refusals
+from protocol.sampling import AdapterRef, SamplingParams
 from tests.helpers import engine as engine_helpers
-from tests.helpers.engine import make_engine, rand_ids
+from tests.helpers.engine import assert_rows, make_engine, rand_ids
 from tests.helpers.families import (
     check_feature_matters,
     check_greedy,
@@ -30,6 +32,7 @@ from tests.helpers.families import (
     check_scoring_any_chunking,
 )
 from tests.helpers.reference import hf_scores
+from tests.helpers.tiny_adapters import build_adapter, peft_scores
 from tests.helpers.tiny_deepseek_v3 import VARIANTS, config, dsv3_path
 
 VARIANT_NAMES = list(VARIANTS)
@@ -145,3 +148,26 @@ def test_refusals() -> None:
         make_engine(path, batch_invariant=True)
     model, _ = load_model(path, "float32", torch.device("cpu"))
     assert any("kv_lora_rank" in r for r in refusals(model, 2))
+
+
+# MLA's projections that stay linears (PEFT's "gate_proj" would also take the shared experts of the MoE layers, which
+# are not targets: the dense layer's MLP targets are Llama's code).
+LORA_TARGETS = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj"]
+
+
+def test_lora_adapter_equals_peft(tmp_path: Path) -> None:
+    base = dsv3_path("dsv3")
+    adapter = build_adapter(tmp_path / "ad", base, rank=4, seed=3, targets=LORA_TARGETS)
+    engine = make_engine(base, lora_adapters={"ad": str(adapter)})
+    ids = rand_ids(15, seed=6)
+    got = engine.generate([ids, ids], [_with_adapter("ad"), _with_adapter(None)], check=True)
+    assert_rows(got[0].input_token_logprobs, ids, 0, peft_scores(base, adapter, ids, 0))
+    assert_rows(got[1].input_token_logprobs, ids, 0, hf_scores(base, ids, 0))
+    kv_b = build_adapter(tmp_path / "kv", base, rank=4, seed=3, targets=["kv_b_proj"])
+    with pytest.raises(LoraError, match="kv_b_proj"):  # refused at start: absorbed, not a linear
+        make_engine(base, lora_adapters={"kv": str(kv_b)})
+
+
+def _with_adapter(name: str | None) -> SamplingParams:
+    return SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0,
+                          adapter=AdapterRef(name) if name else None)
