@@ -15,7 +15,7 @@ from bench.device.cuda_check import main
 def test_cuda_check_cpu_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     main(["--cpu-smoke", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "cuda_check.json").read_text())
-    assert set(res) == {"env", "exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant"}
+    assert set(res) == {"env", "exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant", "mla"}
     assert all("error" not in r and "skipped" not in r for r in res.values()), res
     assert res["env"]["engine_imports"] == "ok"
     for family in ("llama", "qwen2"):
@@ -44,6 +44,11 @@ def test_cuda_check_cpu_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert g["eager"]["decode_tok_s"] > 0 and g["transformers"]["out_tok_s"] > 0
         assert g["graphs"].startswith("off")  # no CUDA: nothing captured
         assert g["transformers"]["static_cache_gib"] > 0  # generate with disable_compile ran, warmed up first
+    mla = res["mla"]  # the MLA model: exact on the torch path and the varlen reference, latent smaller than MHA
+    for case in ("one_step", "warm_repeat", "varlen_chunked"):
+        assert mla[case]["max_abs_diff"] <= 1e-4 and mla[case]["top_sets_moved"] == 0
+    assert mla["warm_repeat"]["cached_tokens"] > 0 and mla["greedy"]["equal"] == mla["varlen_greedy"]["equal"] == 3
+    assert mla["latent_bytes_per_token_bf16"] < mla["mha_bytes_per_token_bf16"] and mla["bf16_score_tok_s"] > 0
     out = capsys.readouterr().out
     table = out[out.index("cuda_check on cpu"):]
     assert "exact | float32 llama" in table and "PASS" in table and "bf16 | Llama-3-8B-shaped" in table
@@ -54,7 +59,7 @@ def test_cuda_check_skips_sections_past_the_budget(tmp_path: Path, capsys: pytes
     main(["--cpu-smoke", "--budget-s", "0", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "cuda_check.json").read_text())
     assert res["env"]["engine_imports"] == "ok"  # always runs
-    for name in ("exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant"):
+    for name in ("exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant", "mla"):
         assert "--budget-s" in res[name]["skipped"]
     assert "bf16 | skipped" in capsys.readouterr().out
 
@@ -66,7 +71,7 @@ def test_plan_fits_one_device_call(capsys: pytest.CaptureFixture[str]) -> None:
     lines = capsys.readouterr().out.splitlines()
     rows = {ln.split()[0]: ln.split()[1:3] for ln in lines[1:]}
     assert set(rows) == {"start-up", "env", "exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant",
-                         "total"}
+                         "mla", "total"}
     seconds = [float(v[0]) for k, v in rows.items() if k != "total"]
     assert float(rows["total"][0]) == sum(seconds) <= 540
     assert all(float(v[1]) <= 78 for k, v in rows.items() if k not in ("start-up", "total"))
