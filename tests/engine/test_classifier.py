@@ -74,7 +74,7 @@ def test_pad_tokens_pooled_as_transformers(classifiers: dict[str, Path]) -> None
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f in ("qwen3", "mistral", "gemma2", "gemma3", "phi3",
-                                                                 "qwen3-moe")])
+                                                                 "qwen3-moe")] + ["dsv3"])
 def test_every_family_classifies(tmp_path: Path, family: str) -> None:
     path = build_classifier(tmp_path / family, family, 3)
     engine = make_engine(path, enable_prefix_cache=True)

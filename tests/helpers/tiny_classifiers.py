@@ -11,6 +11,8 @@ import torch
 import transformers
 from transformers import AutoModelForSequenceClassification, LlamaConfig, Qwen2Config
 
+from tests.helpers.tiny_deepseek_v3 import VARIANTS
+from tests.helpers.tiny_deepseek_v3 import config as dsv3_config
 from tests.helpers.tiny_families import _configs
 from tests.helpers.tiny_models import VOCAB, _tokenizer
 
@@ -27,6 +29,8 @@ def _config(family: str) -> tuple[str, object]:
     if family == "qwen2":
         return "Qwen2ForCausalLM", Qwen2Config(**_COMMON, rope_parameters={"rope_type": "default",
                                                                              "rope_theta": 1000000.0})
+    if family in VARIANTS:
+        return "DeepseekV3ForCausalLM", dsv3_config(family)
     cls, cfg = _configs()[family]
     return cls.__name__, copy.deepcopy(cfg)
 
