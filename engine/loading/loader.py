@@ -68,7 +68,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device, float32_head:
                         got = pairs.take(*got)
                     if got is not None:
                         tensor = cls.checkpoint_tensor(got[0], got[1], wanted[got[0]].shape)
-                        state[got[0]] = tensor.to(device=device, dtype=DTYPES[dtype])
+                        kind = torch.float32 if cls.keeps_float32(got[0]) else DTYPES[dtype]
+                        state[got[0]] = tensor.to(device=device, dtype=kind)
     if pairs is not None:
         pairs.check_done()
     missing = [n for n in wanted if n not in state and not (tied and n == "lm_head.weight")]

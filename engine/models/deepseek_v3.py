@@ -61,6 +61,12 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
         """DeepSeek's mlp.shared_experts is SparseMoeBlock's shared_expert."""
         return name.replace(".mlp.shared_experts.", ".mlp.shared_expert.")
 
+    @classmethod
+    def keeps_float32(cls, name: str) -> bool:
+        """The router stays float32 in a bfloat16 model, as transformers keeps it (_keep_in_fp32_modules_strict): a
+        rounded router weight or correction bias would change which experts a token gets."""
+        return name.endswith(("mlp.gate.weight", "mlp.gate.e_score_correction_bias"))
+
     def make_layer(self, cfg: Any, i: int) -> DecoderLayer:
         attn: Any = MultiHeadLatentAttention(cfg)
         mlp = MLP(cfg) if i < int(cfg.first_k_dense_replace or 0) else DeepseekV3MoE(cfg)

@@ -156,6 +156,11 @@ class LlamaForCausalLM(nn.Module):
         return name
 
     @classmethod
+    def keeps_float32(cls, name: str) -> bool:
+        """Whether parameter `name` stays float32 whatever the served dtype (transformers' _keep_in_fp32_modules)."""
+        return False
+
+    @classmethod
     def checkpoint_tensor(cls, name: str, tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """A stored tensor as this model's parameter `name` (of `shape`) takes it: as stored, but where a family's
         checkpoints come in two layouts."""

@@ -142,6 +142,13 @@ def test_feature_changes_the_scores(tmp_path: Path, patch: dict[str, Any], min_d
     check_feature_matters(dsv3_path("dsv3"), tmp_path, patch, min_diff)
 
 
+def test_router_stays_float32_in_bfloat16() -> None:
+    model, _ = load_model(dsv3_path("dsv3"), "bfloat16", torch.device("cpu"))
+    moe = model.model.layers[1].mlp
+    assert moe.gate.weight.dtype == moe.gate.e_score_correction_bias.dtype == torch.float32
+    assert model.model.layers[1].self_attn.kv_b_proj.weight.dtype == torch.bfloat16
+
+
 def test_refusals() -> None:
     path = dsv3_path("dsv3")
     with pytest.raises(ValueError, match=r"batch_invariant .*latent attention \(kv_lora_rank\)"):
