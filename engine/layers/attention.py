@@ -80,9 +80,9 @@ class TorchPagedAttention:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None = None,
-                softcap: float | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """window: keys older than this many positions are masked (engine/layers/window.py); softcap: tanh cap
-        on the scores."""
+        on the scores; sinks: [Hq] per-head logits added to the softmax's denominator (gpt-oss)."""
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
@@ -103,8 +103,11 @@ class TorchPagedAttention:
                 if key not in meta.plans:
                     meta.plans[key] = decode_window_bias(bias, meta.decode_starts, window)
                 bias = meta.plans[key]
-            od = attend(qd, kd, vd, bias, scale, softcap)
+            # Query head h = kv head h // G, group slot h % G: the sinks folded the same way.
+            folded = None if sinks is None else sinks.view(1, hkv, groups, 1)
+            od = attend(qd, kd, vd, bias, scale, softcap, sinks=folded)
             out.index_copy_(0, meta.decode_rows, od.reshape(b, hq, d))
+        head_sinks = None if sinks is None else sinks.view(1, hq, 1, 1)
         for i in meta.others:
             start, n, slots, offset = meta.starts[i], meta.lens[i], meta.context_slots[i], meta.offsets[i]
             # 4-D [1, H, S, D]: CPU's fused (flash) SDPA kernel takes only 4-D inputs, else the math path.
@@ -114,7 +117,7 @@ class TorchPagedAttention:
                 # Whole context is new: use it directly (no gather) with a plain causal mask.
                 ki = _expand(k[offset:offset + n], groups)  # [1, Hq, n, D]
                 vi = _expand(v[offset:offset + n], groups)
-                oi = attend(qi, ki, vi, None, scale, softcap, is_causal=n > 1)
+                oi = attend(qi, ki, vi, None, scale, softcap, is_causal=n > 1, sinks=head_sinks)
             else:
                 # Keys before `lo` are outside every query's window: not gathered (the first query, at position
                 # start, sees keys from start - window + 1 on).
@@ -125,13 +128,13 @@ class TorchPagedAttention:
                 if n > 1 or windowed:
                     # Query j sits at position start + j and sees keys 0 .. start + j (within the window).
                     mask = window_mask(start, n, window if windowed else None, q.device)[:, lo:]
-                oi = attend(qi, ki, vi, mask, scale, softcap)
+                oi = attend(qi, ki, vi, mask, scale, softcap, sinks=head_sinks)
             out[offset:offset + n] = oi[0].transpose(0, 1)
         return out
 
 
 # The varlen contract (engine/layers/varlen.py): q, k_pages, v_pages, cu_seqlens_q, seqused_k, block_table,
-# max_seqlen_q, max_seqlen_k, scale, causal, window, softcap -> [T, Hq, D].
+# max_seqlen_q, max_seqlen_k, scale, causal, window, softcap[, sinks] -> [T, Hq, D].
 VarlenKernel = Callable[..., torch.Tensor]
 
 
@@ -156,13 +159,15 @@ class VarlenPagedAttention:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None = None,
-                softcap: float | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
         x = self.inputs(meta)
         shape = (-1, self.block_size, k_cache.shape[1], k_cache.shape[2])  # [blocks, block_size, Hkv, D]: a view
-        return self.kernel(q, k_cache.view(shape), v_cache.view(shape), x.cu_seqlens_q, x.seqused_k, x.block_table,
-                           x.max_seqlen_q, x.max_seqlen_k, scale, True, window, softcap)
+        args = (q, k_cache.view(shape), v_cache.view(shape), x.cu_seqlens_q, x.seqused_k, x.block_table,
+                x.max_seqlen_q, x.max_seqlen_k, scale, True, window, softcap)
+        # sinks only when set: the flash kernel's contract has none (attention_choice keeps sink models off it).
+        return self.kernel(*args) if sinks is None else self.kernel(*args, sinks=sinks)
 
 
 def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:

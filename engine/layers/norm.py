@@ -32,3 +32,13 @@ class GemmaRMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (1.0 + self.weight.float())).type_as(x)
+
+
+class Float32ScaleRMSNorm(RMSNorm):
+    """gpt-oss's RMSNorm (transformers' GptOssRMSNorm): normalize and scale by w in float32, cast once at the end
+    (Llama casts before scaling; the two differ in half precision only)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * h).to(x.dtype)

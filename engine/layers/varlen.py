@@ -63,8 +63,10 @@ class VarlenInputs:
 def varlen_attention_reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                                cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, block_table: torch.Tensor,
                                max_seqlen_q: int, max_seqlen_k: int, scale: float, causal: bool = True,
-                               window: int | None = None, softcap: float | None = None) -> torch.Tensor:
-    """q: [T, Hq, D]; k_pages, v_pages: [num_blocks, block_size, Hkv, D] (Hq a multiple of Hkv: GQA). Returns
+                               window: int | None = None, softcap: float | None = None,
+                               sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [T, Hq, D]; k_pages, v_pages: [num_blocks, block_size, Hkv, D] (Hq a multiple of Hkv: GQA); sinks: [Hq]
+    per-head logits in the softmax's denominator (gpt-oss), None: none. Returns
     [T, Hq, D]. Reads each sequence's keys through its block table: only the blocks its queries can see (from the
     first one inside the window of its first query), no padded copy of the batch. max_seqlen_*: unused here (the
     CUDA kernel sizes its grid from them); kept so both implementations take the same arguments."""
@@ -92,7 +94,8 @@ def varlen_attention_reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: 
             mask = window_mask(start, n, window, q.device)[:, first:]  # [n, k_len - first]
             if n == 1 and bool(mask.all()):
                 mask = None
-        oi = attend(qi, _heads(ki, groups), _heads(vi, groups), mask, scale, softcap)
+        oi = attend(qi, _heads(ki, groups), _heads(vi, groups), mask, scale, softcap,
+                    sinks=None if sinks is None else sinks.view(1, -1, 1, 1))
         out[lo_q:hi_q] = oi[0].transpose(0, 1)
     return out
 
@@ -140,7 +143,7 @@ def torch_varlen_missing(fn: Any = None, version: str | None = None) -> str | No
 
 
 def kernel_blocker(device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int,
-                   softcap: bool) -> str | None:
+                   softcap: bool, sinks: bool = False) -> str | None:
     """Why the CUDA kernel cannot run this model here (None: it can, checked by a tiny call against the
     reference, so a page size or head dim the kernel refuses is found at start, not in a request)."""
     if device.type != "cuda":
@@ -152,6 +155,8 @@ def kernel_blocker(device: torch.device, dtype: torch.dtype, block_size: int, he
         return f"the flash kernel takes bfloat16/float16, not {dtype}"
     if softcap:
         return "the flash kernel has no attention soft-cap (Gemma 2)"
+    if sinks:
+        return "the flash kernel has no attention sinks (gpt-oss)"
     return probe(varlen_attention_cuda, device, dtype, block_size, head_dim)
 
 
@@ -163,7 +168,7 @@ def triton_blocker(device: torch.device, dtype: torch.dtype, block_size: int, he
         return "no CUDA device"
     if not varlen_triton.available():
         return "triton is not installed"
-    return probe(varlen_triton.varlen_attention_triton, device, dtype, block_size, head_dim, softcap=True)
+    return probe(varlen_triton.varlen_attention_triton, device, dtype, block_size, head_dim, softcap=True, sinks=True)
 
 
 # Units of least precision at the output's magnitude a correct kernel stays within: half precision rounds the
@@ -178,16 +183,17 @@ def probe_tolerance(dtype: torch.dtype, magnitude: float) -> float:
 
 
 def probe(kernel: Any, device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int,
-          softcap: bool = False) -> str | None:
+          softcap: bool = False, sinks: bool = False) -> str | None:
     """None when the kernel runs two tiny paged steps and agrees with the reference in float32 within
     probe_tolerance; else why not. The steps: a prefill (two requests, one crossing a page boundary) and a decode
-    (three one-token requests, contexts over several pages), each without and with a window (and a soft-cap when
-    asked). The errors it measured are logged, so a failure's margin is on record."""
+    (three one-token requests, contexts over several pages), each without and with a window (and a soft-cap and
+    sinks when asked). The errors it measured are logged, so a failure's margin is on record."""
     name = getattr(kernel, "__name__", str(kernel))
     try:
         for shape in ("prefill", "decode"):
             for window, cap in ((None, None), (3, 2.0 if softcap else None)):
-                err, mag = _probe_error(kernel, device, dtype, block_size, head_dim, shape, window, cap)
+                err, mag = _probe_error(kernel, device, dtype, block_size, head_dim, shape, window, cap,
+                                        sinks and window is not None)
                 tol = probe_tolerance(dtype, mag)
                 log.info("probe %s %s page %d head_dim %d %s window %s soft-cap %s: max |error| %.3g of tolerance "
                          "%.3g (|output| up to %.3g)", name, dtype, block_size, head_dim, shape, window, cap, err,
@@ -206,7 +212,7 @@ _PROBE_STEPS = {"prefill": ([-1, 2], [3, 1], [[2, 0], [1, 3, 0]]),
 
 
 def _probe_error(kernel: Any, device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int,
-                 shape: str, window: int | None, softcap: float | None) -> tuple[float, float]:
+                 shape: str, window: int | None, softcap: float | None, sinks: bool = False) -> tuple[float, float]:
     """(max |kernel - reference|, max |reference|), both in float32 on the same dtype-rounded inputs. A start of
     -1 is one token before the first page's end (the request crosses into its second page); k > 0 is k pages."""
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -218,6 +224,8 @@ def _probe_error(kernel: Any, device: torch.device, dtype: torch.dtype, block_si
     inputs = VarlenInputs.build(starts, lens, tables, device)
     rest = (inputs.cu_seqlens_q, inputs.seqused_k, inputs.block_table, inputs.max_seqlen_q, inputs.max_seqlen_k,
             head_dim ** -0.5)
-    got = kernel(q, kp, vp, *rest, window=window, softcap=softcap).float()
-    want = varlen_attention_reference(q.float(), kp.float(), vp.float(), *rest, window=window, softcap=softcap)
+    extra = {"sinks": torch.randn(hq, generator=g).to(device, dtype)} if sinks else {}
+    got = kernel(q, kp, vp, *rest, window=window, softcap=softcap, **extra).float()
+    want = varlen_attention_reference(q.float(), kp.float(), vp.float(), *rest, window=window, softcap=softcap,
+                                      **{k: v.float() for k, v in extra.items()})
     return (got - want).abs().max().item(), want.abs().max().item()

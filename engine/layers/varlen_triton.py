@@ -1,14 +1,15 @@
 """The varlen paged-attention contract (engine/layers/varlen.py) as a Triton kernel of our own: for a torch whose
 `varlen_attn` lacks the paged arguments (torch 2.11, the lent GPU image) or refuses our pages (FlashAttention 2
 takes a block table only with pages of a multiple of 256 tokens), and for what flash lacks (Gemma 2's soft-cap,
-float32). Triton is optional at run time: `available()` says whether it imports.
+float32, gpt-oss's attention sinks). Triton is optional at run time: `available()` says whether it imports.
 
 GQA is folded into the program: one program per (request, tile of queries, KV head) holds the queries of every
 query head of that KV head's group as the rows of one tile (row r = query r // G_PAD, head r % G_PAD), so each
 key/value tile is read once per group, not once per query head. It walks the request's keys in BLOCK_N tiles,
 each key found through the block table (page = table[key // page_size]), with an online softmax in float32
-(FlashAttention's recurrence). Keys outside the causal range, past seqused_k or before the window are masked; the
-tile loop starts at the first tile inside the first query's window and stops at the last query's position.
+(FlashAttention's recurrence); a sink (one learned logit per query head, in the denominator only) joins the
+running max and sum after the last tile. Keys outside the causal range, past seqused_k or before the window are
+masked; the tile loop starts at the first tile inside the first query's window and stops at the last query's position.
 Tiles past a request's queries exit at once, so the grid needs only max_seqlen_q (no host sync: a CUDA graph can
 capture it). Tile sizes and warps come from TILES by the step's shape.
 
@@ -75,11 +76,13 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _paged_attention(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, used_k, table, scale, softcap, window,  # noqa: ANN001
+    def _paged_attention(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, used_k, table, sinks_ptr, scale, softcap,  # noqa: ANN001
+                         window,  # noqa: ANN001
                          s_qt, s_qh, s_kb, s_ks, s_kh, s_tb, s_ot, s_oh,  # noqa: ANN001
                          GROUPS: tl.constexpr, G_PAD: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr,
                          D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-                         HAS_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr) -> None:
+                         HAS_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
+                         IEEE: tl.constexpr) -> None:
         seq, tile, kvh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         q_lo = tl.load(cu_q + seq)
         n_q = tl.load(cu_q + seq + 1) - q_lo
@@ -130,6 +133,12 @@ if triton is not None:
                 else:
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
                 m_i = m_new
+            if HAS_SINKS:  # exp(sink) joins the denominator, scaled to the running max like every score
+                sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0).to(tl.float32)
+                m_fin = tl.maximum(m_i, sink)
+                alpha = tl.exp(m_i - m_fin)
+                l_i = l_i * alpha + tl.exp(sink - m_fin)
+                acc = acc * alpha[:, None]
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
             o_off = (q_lo + q_idx).to(tl.int64) * s_ot + head * s_oh
             tl.store(o_ptr + o_off[:, None] + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
@@ -139,8 +148,10 @@ if triton is not None:
 def varlen_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, block_table: torch.Tensor,
                             max_seqlen_q: int, max_seqlen_k: int, scale: float, causal: bool = True,
-                            window: int | None = None, softcap: float | None = None) -> torch.Tensor:
-    """The contract on the Triton kernel. float32 inputs take IEEE products (no TF32), so float32 stays exact."""
+                            window: int | None = None, softcap: float | None = None,
+                            sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The contract on the Triton kernel. float32 inputs take IEEE products (no TF32), so float32 stays exact.
+    sinks: [Hq] per-head sink logits (gpt-oss), None: none."""
     del max_seqlen_k
     if not causal:
         raise ValueError("the Triton kernel is causal only (the engine's attention always is)")
@@ -155,11 +166,12 @@ def varlen_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
     block_q = tiles.rows // g_pad  # queries per tile
     grid: Any = (cu_seqlens_q.shape[0] - 1, triton.cdiv(max(max_seqlen_q, 1), block_q), hkv)
     _paged_attention[grid](
-        q, k_pages, v_pages, out, cu_seqlens_q, seqused_k, block_table, scale,
+        q, k_pages, v_pages, out, cu_seqlens_q, seqused_k, block_table, sinks if sinks is not None else q, scale,
         float(softcap) if softcap is not None else 1.0, int(window) if window is not None else 0,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), block_table.stride(0),
         out.stride(0), out.stride(1),
         GROUPS=groups, G_PAD=g_pad, PAGE=k_pages.shape[1], D=d, D_PAD=max(16, triton.next_power_of_2(d)),
         BLOCK_M=tiles.rows, BLOCK_Q=block_q, BLOCK_N=tiles.keys, HAS_CAP=softcap is not None,
-        HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32, num_warps=tiles.warps, num_stages=tiles.stages)
+        HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None, IEEE=q.dtype == torch.float32,
+        num_warps=tiles.warps, num_stages=tiles.stages)
     return out

@@ -29,7 +29,7 @@ def block_size(cfg: Any) -> tuple[int, int] | None:
     method = q.get("quant_method")
     if method != "fp8":
         raise ValueError(f"config field quantization_config has quant_method {method!r}, which this engine does not "
-                         "read (fp8 with weight_block_size is)")
+                         "read (fp8 with weight_block_size is, and mxfp4: engine/loading/mxfp4.py)")
     size = q.get("weight_block_size")
     if not size or len(size) != 2:
         raise ValueError("config field quantization_config.weight_block_size must be [rows, columns] (per-tensor "

@@ -11,6 +11,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from engine.loading import fp8
+from engine.loading.mxfp4 import Mxfp4Pairs, is_mxfp4
 from engine.models import model_class
 from engine.models.llama import LlamaForCausalLM
 
@@ -55,15 +56,22 @@ def load_model(path: str | Path, dtype: str, device: torch.device, float32_head:
     wanted = dict(model.named_parameters())
     tied = model.tie_word_embeddings
     state: dict[str, torch.Tensor] = {}
-    block = fp8.block_size(cfg)
+    mxfp4 = Mxfp4Pairs() if is_mxfp4(cfg) else None  # the hub's MXFP4 experts, dequantized as they are read
+    block = None if mxfp4 is not None else fp8.block_size(cfg)  # (which refuses any other quant_method)
     pairs = fp8.Fp8Weights(block) if block is not None else None  # FP8 weights dequantized with their scales
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for stored in f.keys():
+                raw: torch.Tensor | None = None
+                if mxfp4 is not None and mxfp4.claims(stored):
+                    pair = mxfp4.take(stored, f.get_tensor(stored))
+                    if pair is None:
+                        continue
+                    stored, raw = pair
                 name = cls.checkpoint_name(stored)
                 weight_name = name.removesuffix(fp8.SCALE_SUFFIX) if pairs is not None else name
                 if weight_name in wanted and not (tied and weight_name == "lm_head.weight"):
-                    got: tuple[str, torch.Tensor] | None = (name, f.get_tensor(stored))
+                    got: tuple[str, torch.Tensor] | None = (name, f.get_tensor(stored) if raw is None else raw)
                     if pairs is not None:
                         got = pairs.take(*got)
                     if got is not None:
@@ -72,6 +80,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device, float32_head:
                         state[got[0]] = tensor.to(device=device, dtype=kind)
     if pairs is not None:
         pairs.check_done()
+    if mxfp4 is not None:
+        mxfp4.check_done(path)
     missing = [n for n in wanted if n not in state and not (tied and n == "lm_head.weight")]
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""

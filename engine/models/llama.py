@@ -29,6 +29,8 @@ class Attention(nn.Module):
         self.k_norm: nn.Module | None = None
         self.sliding_window: int | None = None
         self.softcap: float | None = None
+        # gpt-oss: [Hq] learned per-head logits in the softmax's denominator (a parameter the family adds).
+        self.sinks: nn.Parameter | None = None
         self.q_proj = Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=qkv_bias)
         self.k_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
@@ -54,11 +56,11 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope.apply(q, k, cos, sin)
-        if self.sliding_window is None and self.softcap is None:
+        if self.sliding_window is None and self.softcap is None and self.sinks is None:
             o = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
-        else:  # only TorchPagedAttention takes them: ModelRunner refuses batch-invariant mode for such a model
+        else:  # not the batch-invariant backend: ModelRunner refuses batch-invariant mode for such a model
             o = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale, window=self.sliding_window,
-                                softcap=self.softcap)
+                                softcap=self.softcap, sinks=self.sinks)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
 
@@ -311,6 +313,8 @@ class LlamaForCausalLM(nn.Module):
                 found.add("sliding-window attention (sliding_window)")
             if layer.self_attn.softcap is not None:
                 found.add("attention logit soft-capping (attn_logit_softcapping)")
+            if layer.self_attn.sinks is not None:
+                found.add("attention sinks (sinks)")
             if not isinstance(layer.mlp, MLP):
                 found.add("mixture-of-experts MLP blocks (num_experts)")
             elif not layer.mlp.silu:  # only SiLU has an invariant form (invariant_silu)

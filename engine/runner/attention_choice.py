@@ -34,8 +34,9 @@ def choose_attention(config: EngineConfig, model: LlamaForCausalLM, device: torc
         log.info("attention: torch paged path (tensor_parallel_size > 1 runs the varlen backend on no rank)")
         return TorchPagedAttention()
     softcap = any(layer.self_attn.softcap is not None for layer in model.model.layers)
+    sinks = any(getattr(layer.self_attn, "sinks", None) is not None for layer in model.model.layers)
     kernel, reason = cuda_kernel(device, model.dtype, config.block_size, model.head_dim, softcap,
-                                 half_only=want == "auto")
+                                 half_only=want == "auto", sinks=sinks)
     if kernel is not None:
         log.info("attention: varlen backend, %s (one call per layer per step)%s", kernel.__name__,
                  f"; torch's flash kernel: {reason}" if reason else "")
@@ -49,10 +50,11 @@ def choose_attention(config: EngineConfig, model: LlamaForCausalLM, device: torc
 
 
 def cuda_kernel(device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int, softcap: bool,
-                half_only: bool = True) -> tuple[VarlenKernel | None, str]:
+                half_only: bool = True, sinks: bool = False) -> tuple[VarlenKernel | None, str]:
     """The CUDA kernel that serves the contract here, flash first, then Triton (half_only: not for float32), and
-    why the ones before it did not (empty when the first serves)."""
-    flash = kernel_blocker(device, dtype, block_size, head_dim, softcap)
+    why the ones before it did not (empty when the first serves). sinks: the model has attention sinks, which only
+    the Triton kernel (and the torch paths) compute."""
+    flash = kernel_blocker(device, dtype, block_size, head_dim, softcap, sinks)
     if flash is None:
         return varlen_attention_cuda, ""
     if device.type != "cuda":

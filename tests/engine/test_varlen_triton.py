@@ -1,6 +1,6 @@
 """Our Triton paged-attention kernel (engine/layers/varlen_triton.py) at the shapes real models send: pages of 16,
 head_dim 128, GQA 4 and 8 (folded: one program per KV head's group), more than 16 new tokens per request (the
-prefill tile), decodes, windows and soft-cap, float32 and float16, against the reference kernel. On CPU it runs in
+prefill tile), decodes, windows, soft-cap and attention sinks, float32 and float16, against the reference kernel. On CPU it runs in
 Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1); triton is a dev dependency, so these
 never skip for want of it. Also: the kernel's source uses only the triton features 3.6 has (the lent image's)."""
 
@@ -61,6 +61,25 @@ def test_kernel_is_the_reference_at_model_shapes(layout: str, groups: int, dtype
     # float32: IEEE products (no TF32). float16: the output's rounding (2^-11 relative at |out| < 4: 2e-3) plus
     # the probabilities rounded to float16 before P @ V.
     assert err < (2e-5 if dtype == torch.float32 else 4e-3), err
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("window", [None, 24])
+def test_sinks_are_the_reference(layout: str, dtype: torch.dtype, window: int | None) -> None:
+    """gpt-oss's attention sinks (a logit per query head in the denominator), GQA 4: sinks from -2 to 6, so some
+    outweigh every score (the running max moves to the sink) and some do not."""
+    dev = kernel_device()
+    q, kp, vp, x = _step(*LAYOUTS[layout], 4, dtype)
+    sinks = torch.linspace(-2.0, 6.0, HKV * 4).to(dtype)
+    args = (x.cu_seqlens_q, x.seqused_k, x.block_table, x.max_seqlen_q, x.max_seqlen_k, D ** -0.5)
+    want = varlen_attention_reference(q.float(), kp.float(), vp.float(), *args, window=window, sinks=sinks.float())
+    plain = varlen_attention_reference(q.float(), kp.float(), vp.float(), *args, window=window)
+    got = varlen_attention_triton(*(t.to(dev) for t in (q, kp, vp, *args[:3])), *args[3:], window=window,
+                                  sinks=sinks.to(dev))
+    err = (got.float().cpu() - want).abs().max().item()
+    assert err < (2e-5 if dtype == torch.float32 else 4e-3), err
+    assert (want - plain).abs().max().item() > 0.1  # the sinks matter at these values
 
 
 def test_tiles_by_shape() -> None:
