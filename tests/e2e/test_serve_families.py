@@ -1,7 +1,7 @@
 """Model families through the Serve app (real local Ray cluster, HTTP): a windowed, soft-capped family (Gemma 2),
-an MoE family (Qwen3-MoE) and DeepSeek-V3 (latent attention, group-limited experts), each from a local checkpoint
-folder. Scoring rows of a prompt five windows long
-(top-k included) are within 1e-4 of transformers' float32 forward, and greedy generation equals its generate."""
+an MoE family (Qwen3-MoE), DeepSeek-V3 (latent attention, group-limited experts) and gpt-oss (sinks, windows, YaRN,
+biased experts), each from a local checkpoint folder. Scoring rows of a prompt five windows long (top-k included)
+are within 1e-4 of transformers' float32 forward, and greedy generation equals its generate."""
 
 from __future__ import annotations
 
@@ -16,11 +16,16 @@ from tests.helpers.reference import hf_logits, hf_model, hf_scores
 from tests.helpers.serve import app_args, deploy, score_body
 from tests.helpers.tiny_deepseek_v3 import VARIANTS, dsv3_path
 from tests.helpers.tiny_families import WINDOW
+from tests.helpers.tiny_gpt_oss import gpt_oss_path
 
 
-@pytest.mark.parametrize("family", ["gemma2", "qwen3-moe", "dsv3"])
+@pytest.mark.parametrize("family", ["gemma2", "qwen3-moe", "dsv3", "gpt-oss"])
 def test_family_served_exactly(serve_url: str, family: str) -> None:
-    path = dsv3_path(family) if family in VARIANTS else family_path(family)
+    # dsv3 and gpt-oss: their own tiny checkpoints (tests/helpers/tiny_deepseek_v3.py, tiny_gpt_oss.py), windows of 7.
+    if family in VARIANTS:
+        path = dsv3_path(family)
+    else:
+        path = gpt_oss_path() if family == "gpt-oss" else family_path(family)
     name = f"family-{family}"
     deploy(name, f"/{name}", app_args(model=str(path), num_workers=1, kv_cache_mb=8))
     url = f"{serve_url}/{name}/generate"
