@@ -1,8 +1,8 @@
 """Our Triton paged-attention kernel (engine/layers/varlen_triton.py) at the shapes real models send: pages of 16,
 head_dim 128, GQA 4 and 8 (folded: one program per KV head's group), more than 16 new tokens per request (the
-prefill tile), decodes, windows, soft-cap and attention sinks, float32 and float16, against the reference kernel. On CPU it runs in
-Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1); triton is a dev dependency, so these
-never skip for want of it. Also: the kernel's source uses only the triton features 3.6 has (the lent image's)."""
+prefill tile), decodes, windows, soft-cap and attention sinks, float32 and float16, against the reference kernel.
+On CPU it runs in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1); triton is a dev dependency, so
+these never skip for want of it. Also: the kernel's source uses only the triton features 3.6 has (the lent image's)."""
 
 from __future__ import annotations
 
