@@ -20,6 +20,9 @@ Sections, each in its own try (a failing one prints its traceback and the others
   invariant  batch-invariant mode's checks and bits on the device (checks/invariant_device.py), small settings
   mla        a DeepSeek-V3-shaped model (4 layers, V3's latent widths): float32 rows and greedy against transformers,
              the varlen backend's kernel on the latent, bfloat16 scoring tok/s, latent bytes/token (bench/device/mla.py)
+  gpt_oss    float32: a 4-layer gpt-oss (sinks, windows of 128, YaRN, biased experts) against transformers' eager
+             forward: torch path, chunked, warm, greedy, and the varlen backend (Triton kernel: flash has no sinks);
+             bfloat16: the automatic backend against the torch path (bench/device/gpt_oss.py)
 Each section needs some seconds left to start (bf16 keeps 8 of the 32 layers when under 150 are left); once the
 run passes --budget-s (540, PLAN's total with room: under a device call's 600 s) the sections left are skipped with
 a note. On CUDA each section first checks that the GPU memory PLAN gives it is available (free plus what this run
@@ -68,7 +71,7 @@ class Run:
 # in bfloat16 and float32 (~11 GiB), the engine's scoring chunk (<= 4.4 GiB). Every section fits an 80 GB card.
 PLAN: dict[str, tuple[float, float]] = {
     "env": (5, 0.1), "exact": (45, 4), "bf16": (90, 42), "ragged": (120, 70), "prefill": (20, 56),
-    "mc": (25, 70), "generate": (90, 62), "invariant": (60, 4), "mla": (50, 8)}
+    "mc": (25, 70), "generate": (90, 62), "invariant": (60, 4), "mla": (50, 8), "gpt_oss": (15, 4)}
 STARTUP_S = 20  # python and torch imports, CUDA context, the matmul peak measurement
 
 
@@ -178,6 +181,10 @@ def summary_rows(name: str, res: dict[str, Any]) -> list[tuple[str, str, str]]:
         from bench.device.exact import summary
 
         return [(name, k, v) for k, v in summary(res)]
+    if name == "gpt_oss":
+        from bench.device.gpt_oss import summary as gpt_oss_summary
+
+        return [(name, k, v) for k, v in gpt_oss_summary(res)]
     if name == "bf16":
         from bench.device.bf16 import summary as bf16_summary
 
@@ -198,11 +205,13 @@ def sections() -> dict[str, tuple[float | None, Callable[[Run], dict[str, Any]]]
     from bench.device import workloads as w
     from bench.device.bf16 import bf16_section
     from bench.device.exact import exact_section
+    from bench.device.gpt_oss import gpt_oss_section
     from bench.device.mla import mla_section
 
     return {"env": (None, env_section), "exact": (30, exact_section), "bf16": (60, bf16_section),
             "ragged": (60, w.ragged_section), "prefill": (20, w.prefill_section), "mc": (30, w.mc_section),
-            "generate": (45, w.generate_section), "invariant": (30, invariant_section), "mla": (40, mla_section)}
+            "generate": (45, w.generate_section), "invariant": (30, invariant_section), "mla": (40, mla_section),
+            "gpt_oss": (15, gpt_oss_section)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -213,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plan", action="store_true", help="print each section's estimate and the total; run nothing")
     ap.add_argument("--layers-8b", type=int, default=32, help="layers of the Llama-3-8B-shaped model (of 32)")
     ap.add_argument("--section", action="append",
-                    choices=["env", "exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant", "mla"],
+                    choices=list(PLAN),
                     help="repeat for several (default: all)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parents[1] / "results"))
     a = ap.parse_args(argv)

@@ -6,6 +6,7 @@
 - fused gate/up: column parallel by intermediate rows; down_proj: row parallel, one all-reduce;
 - LM head: vocabulary parallel, contiguous ranges of ceil(V/N) rows (vocab.py); the embedding stays replicated
   (a row lookup: no collective per step, for V x hidden values per rank);
+- attention sinks (gpt-oss, one logit per query head): split with the query heads;
 - norms, rotary tables, per-head q/k norms: replicated; a classifier's score head too (rank 0 applies it to the
   pooled row, which the last all-reduce made the same on every rank): no vocabulary to split;
 - LoRA adapters: each split Linear records which share of the whole linear it is (engine/layers/lora.py's Shard),
@@ -129,6 +130,8 @@ def _shard_attention(attn: nn.Module, rank: int, size: int, group: TPGroup) -> N
                             [hq * d, hkv * d, hkv * d])
     o = attn.o_proj
     attn.o_proj = _row(o.weight, o.bias, rank * q_local * d, (rank + 1) * q_local * d, group)
+    if attn.sinks is not None:  # gpt-oss: one sink logit per query head, kept with its head
+        attn.sinks = nn.Parameter(attn.sinks[rank * q_local:(rank + 1) * q_local].contiguous(), requires_grad=False)
     attn.num_heads, attn.num_kv_heads = q_local, kv_local
 
 

@@ -15,7 +15,7 @@ from bench.device.cuda_check import main
 def test_cuda_check_cpu_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     main(["--cpu-smoke", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "cuda_check.json").read_text())
-    assert set(res) == {"env", "exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant", "mla"}
+    assert set(res) == {"env", "exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant", "mla", "gpt_oss"}
     assert all("error" not in r and "skipped" not in r for r in res.values()), res
     assert res["env"]["engine_imports"] == "ok"
     for family in ("llama", "qwen2"):
@@ -32,6 +32,12 @@ def test_cuda_check_cpu_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert bf16["rayscore_tok_s"] > 0 and bf16["transformers_tok_s"] > 0 and bf16["peak_bf16_tflops"] > 0
     assert bf16["max_abs_diff"] < 0.5  # bfloat16 both sides: close, not exact
     assert res["invariant"]["float32 invariant"]["moved"] == []
+    oss = res["gpt_oss"]
+    for case in ("one_step", "warm_repeat", "chunked", "varlen"):
+        assert oss[case]["max_abs_diff"] <= 1e-4 and oss[case]["top_sets_moved"] == 0, oss
+    assert oss["warm_repeat"]["cached_tokens"] > 0 and oss["varlen"]["kernel"] == "varlen_attention_reference"
+    assert oss["greedy"]["equal"] == oss["varlen_greedy"]["equal"] == 2
+    assert oss["bf16"]["max_abs_diff_vs_torch"] < 0.5 and oss["bf16"]["backend"] == "TorchPagedAttention"  # CPU
     # The workloads: both sides ran and agree (bfloat16 both sides: close, not exact), every figure is there.
     for name in ("ragged", "mc"):
         r = res[name]
@@ -59,7 +65,7 @@ def test_cuda_check_skips_sections_past_the_budget(tmp_path: Path, capsys: pytes
     main(["--cpu-smoke", "--budget-s", "0", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "cuda_check.json").read_text())
     assert res["env"]["engine_imports"] == "ok"  # always runs
-    for name in ("exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant", "mla"):
+    for name in ("exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant", "mla", "gpt_oss"):
         assert "--budget-s" in res[name]["skipped"]
     assert "bf16 | skipped" in capsys.readouterr().out
 
@@ -71,7 +77,7 @@ def test_plan_fits_one_device_call(capsys: pytest.CaptureFixture[str]) -> None:
     lines = capsys.readouterr().out.splitlines()
     rows = {ln.split()[0]: ln.split()[1:3] for ln in lines[1:]}
     assert set(rows) == {"start-up", "env", "exact", "bf16", "ragged", "prefill", "mc", "generate", "invariant",
-                         "mla", "total"}
+                         "mla", "gpt_oss", "total"}
     seconds = [float(v[0]) for k, v in rows.items() if k != "total"]
     assert float(rows["total"][0]) == sum(seconds) <= 540
     assert all(float(v[1]) <= 78 for k, v in rows.items() if k not in ("start-up", "total"))

@@ -117,6 +117,39 @@ def test_triton_kernel_in_the_engine() -> None:
         assert o.new_token_ids == hf_generate(ref, p, 9).sequences[0, len(p):].tolist()
 
 
+def test_lora_on_the_attention(tmp_path: Path) -> None:
+    """A PEFT adapter on q/k/v/o (biased projections; the experts are no LoRA target): rows within 1e-4 of PEFT's
+    forward, beside a base-model request in the same step."""
+    from protocol.sampling import AdapterRef
+    from tests.helpers.tiny_adapters import build_adapter, peft_scores
+
+    base = gpt_oss_path()
+    adapter = build_adapter(tmp_path / "lora", base, rank=4, seed=3, targets=["q_proj", "k_proj", "v_proj",
+                                                                                  "o_proj"])
+    eng = make_engine(base, lora_adapters={"ad": str(adapter)}, max_num_batched_tokens=8)
+    ids = rand_ids(15, seed=6)
+    with_ad = scoring(0)
+    with_ad.adapter = AdapterRef("ad")
+    got = eng.generate([ids, ids], [with_ad, scoring(0)], check=True)
+    assert_rows(got[0].input_token_logprobs, ids, 0, peft_scores(base, adapter, ids, 0))
+    assert_rows(got[1].input_token_logprobs, ids, 0, hf_scores(base, ids, 0))
+
+
+def test_classifier(tmp_path: Path) -> None:
+    """GptOssForSequenceClassification: the pooled row's scores within 1e-4 of transformers', chunked."""
+    from protocol.sampling import PoolingParams, SamplingParams
+    from tests.helpers.tiny_classifiers import reference_scores
+    from tests.helpers.tiny_gpt_oss import build_gpt_oss
+
+    path = build_gpt_oss(tmp_path / "cls", seed=5, num_labels=3)
+    eng = make_engine(path, max_num_batched_tokens=5)
+    prompts = [rand_ids(n, seed=n) for n in (3, 21)]
+    for ids, out in zip(prompts, eng.generate(prompts, SamplingParams(max_tokens=0, pooling=PoolingParams()),
+                                               check=True), strict=True):
+        want = reference_scores(path, ids)
+        assert out.pooled is not None and max(abs(a - b) for a, b in zip(out.pooled, want, strict=True)) <= 1e-4
+
+
 def test_batch_invariant_mode_refused_naming_the_fields() -> None:
     with pytest.raises(ValueError, match="batch_invariant is not available for GptOssForCausalLM") as err:
         make_engine(gpt_oss_path(), batch_invariant=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import GptOssConfig, GptOssForCausalLM
+from transformers import GptOssConfig, GptOssForCausalLM, GptOssForSequenceClassification
 
 from tests.helpers.tiny_families import WINDOW as TINY_FAMILIES_WINDOW
 from tests.helpers.tiny_models import VOCAB, _tokenizer
@@ -39,12 +39,16 @@ def config() -> GptOssConfig:
                         eos_token_id=0, bos_token_id=None, pad_token_id=1)
 
 
-def build_gpt_oss(folder: Path, seed: int = 0) -> Path:
-    """Writes config.json + model.safetensors (float32) + tokenizer into folder; returns folder."""
+def build_gpt_oss(folder: Path, seed: int = 0, num_labels: int | None = None) -> Path:
+    """Writes config.json + model.safetensors (float32) + tokenizer into folder; returns folder. num_labels: a
+    GptOssForSequenceClassification of that many labels instead of the causal LM."""
     folder.mkdir(parents=True, exist_ok=True)
     _tokenizer(folder)
     torch.manual_seed(seed)
-    model = GptOssForCausalLM(config())
+    cfg = config()
+    if num_labels is not None:
+        cfg.num_labels = num_labels
+    model = GptOssForCausalLM(cfg) if num_labels is None else GptOssForSequenceClassification(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             # Sinks and router biases wider than the rest: each is a handful of values that must move the rows.
