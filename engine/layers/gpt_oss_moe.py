@@ -32,22 +32,17 @@ class GptOssExperts(nn.Module):
 
 
 class GptOssMoeBlock(SparseMoeBlock):
+    """The base block's dispatch (and tensor-parallel split) with gpt-oss's router, expert layout and activation."""
+
     def __init__(self, cfg: Any) -> None:
-        nn.Module.__init__(self)
+        super().__init__(cfg, num_experts=int(cfg.num_local_experts), width=int(cfg.intermediate_size),
+                         norm_topk_prob=False)
         hidden = int(cfg.hidden_size)
-        self.num_experts = int(cfg.num_local_experts)
-        self.top_k = int(cfg.num_experts_per_tok)
-        self.width = int(cfg.intermediate_size)
-        self.norm_topk_prob = False
         self.alpha = float(cfg.swiglu_alpha)
         self.limit = float(cfg.swiglu_limit)
+        del self.gate  # gpt-oss's router has its own name and a bias
         self.router = nn.Linear(hidden, self.num_experts, bias=True)
-        self.experts: nn.Module = GptOssExperts(self.num_experts, hidden, self.width)
-        self.gate_up: torch.Tensor | None = None  # [E, 2W, H]
-        self.down: torch.Tensor | None = None  # [E, H, W]
-        self.gate_up_bias: torch.Tensor | None = None  # [E, 2W]
-        self.down_bias: torch.Tensor | None = None  # [E, H]
-        self.group: Any = None
+        self.experts = GptOssExperts(self.num_experts, hidden, self.width)
 
     def fuse(self) -> None:
         """The checkpoint's interleaved, transposed stacks as the block's layout (copies: the loaded tensors go)."""
@@ -60,6 +55,7 @@ class GptOssMoeBlock(SparseMoeBlock):
         self.down = _frozen(e.down_proj.transpose(1, 2).contiguous())
         self.down_bias = _frozen(e.down_proj_bias.detach().clone())
         del self.experts
+        self.fuse_shared()
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, H] -> (weights [T, k], expert ids [T, k]): transformers' GptOssTopKRouter (softmax of the top-k
@@ -72,26 +68,6 @@ class GptOssMoeBlock(SparseMoeBlock):
         gate = gate.clamp(max=self.limit)
         up = up.clamp(min=-self.limit, max=self.limit)
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        assert self.gate_up is not None and self.down is not None, "fuse() after loading the weights"
-        assert self.gate_up_bias is not None and self.down_bias is not None
-        t, hidden = x.shape
-        weights, idx = self.route(x)
-        flat = idx.flatten()  # [T * k] expert of each (token, slot) pair
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # one host sync per layer
-        rows = x[order // self.top_k]  # [T * k, H] each pair's token, grouped by expert
-        out = torch.empty_like(rows)
-        lo = 0
-        for e, n in enumerate(counts):
-            if n:
-                gate, up = linear(rows[lo:lo + n], self.gate_up[e], self.gate_up_bias[e]).split(self.width, dim=-1)
-                out[lo:lo + n] = linear(self.activate(gate, up), self.down[e], self.down_bias[e])
-                lo += n
-        pairs = torch.empty_like(out)
-        pairs[order] = out
-        return (pairs.view(t, self.top_k, hidden) * weights[..., None]).sum(dim=1)
 
 
 def _frozen(t: torch.Tensor) -> nn.Parameter:
