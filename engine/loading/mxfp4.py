@@ -1,6 +1,6 @@
 """The hub's MXFP4 expert weights (gpt-oss: config quantization_config.quant_method "mxfp4"), dequantized at load.
 
-The format (OCP Microscaling, as transformers' integrations/mxfp4.py reads it): a weight W [E, rows, cols] is stored
+The format (OCP Microscaling, as transformers.integrations.mxfp4 reads it): a weight W [E, rows, cols] is stored
 as `<name>_blocks` [E, rows, cols / 32, 16] uint8, two FP4 (e2m1) codes a byte, the low nibble first, and
 `<name>_scales` [E, rows, cols / 32] uint8, one E8M0 exponent (biased by 127) per block of 32 values:
 W[e, r, 32 g + j] = FP4[code j of block (e, r, g)] * 2 ** (scales[e, r, g] - 127). The checkpoint's float layout

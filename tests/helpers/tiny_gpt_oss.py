@@ -21,10 +21,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import GptOssConfig, GptOssForCausalLM, GptOssForSequenceClassification
 
-from tests.helpers.tiny_families import WINDOW as TINY_FAMILIES_WINDOW
+from tests.helpers.tiny_families import WINDOW  # the families' window of 7: check_prefix_cache reads it
 from tests.helpers.tiny_models import VOCAB, _tokenizer
 
-WINDOW = TINY_FAMILIES_WINDOW  # check_prefix_cache reads that one
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
         "truncate": False, "original_max_position_embeddings": 16}
 SWIGLU_LIMIT = 0.3
