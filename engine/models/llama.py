@@ -314,7 +314,7 @@ class LlamaForCausalLM(nn.Module):
             if layer.self_attn.softcap is not None:
                 found.add("attention logit soft-capping (attn_logit_softcapping)")
             if layer.self_attn.sinks is not None:
-                found.add("attention sinks (sinks)")
+                found.add("attention sinks (the checkpoint's self_attn.sinks)")
             if not isinstance(layer.mlp, MLP):
                 found.add("mixture-of-experts MLP blocks (num_experts)")
             elif not layer.mlp.silu:  # only SiLU has an invariant form (invariant_silu)

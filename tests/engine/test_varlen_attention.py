@@ -41,8 +41,9 @@ def _step(starts: list[int], lens: list[int], seed: int = 0):
     return q, k, v, k_cache, v_cache, meta
 
 
-def _plain(q, k_cache, v_cache, meta, scale, window, softcap) -> torch.Tensor:
-    """Per request: its keys by slot, the full [n, S] score matrix in float64, masked, softmax, @ V."""
+def _plain(q, k_cache, v_cache, meta, scale, window, softcap, sinks=None) -> torch.Tensor:
+    """Per request: its keys by slot, the full [n, S] score matrix in float64, masked, softmax (with each head's sink
+    logit as one more column, then dropped), @ V."""
     out, at = torch.empty_like(q), 0
     g = HQ // HKV
     for s, n, slots in zip(meta.starts, meta.lens, meta.context_slots, strict=True):
@@ -53,7 +54,12 @@ def _plain(q, k_cache, v_cache, meta, scale, window, softcap) -> torch.Tensor:
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~window_mask(s, n, window, q.device), float("-inf"))
-        out[at:at + n] = (torch.softmax(scores, -1) @ vi).transpose(0, 1).float()
+        if sinks is not None:
+            col = sinks.double()[:, None, None].expand(-1, n, 1)
+            probs = torch.softmax(torch.cat([scores, col], -1), -1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, -1)
+        out[at:at + n] = (probs @ vi).transpose(0, 1).float()
         at += n
     return out
 
@@ -84,6 +90,25 @@ def test_reference_is_plain_attention_and_todays_path(case: str, window: int | N
     assert (got - today).abs().max().item() < 1e-5
     # One plan per step, shared by the layers.
     assert isinstance(meta.plans["varlen"], VarlenInputs)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("window", [None, 3])
+def test_sinks_in_the_reference_and_todays_path(case: str, window: int | None) -> None:
+    """gpt-oss's sinks (a logit per query head in the denominator) through the varlen reference and the torch path
+    (decodes batched: the sinks folded by KV group), against float64 attention; sinks from -1 to 3 move the
+    output."""
+    starts, lens = CASES[case]
+    q, k, v, kc, vc, meta = _step(starts, lens)
+    sinks = torch.linspace(-1.0, 3.0, HQ)
+    meta_t = AttentionMetadata(meta.slot_mapping, meta.starts, meta.lens, meta.context_slots)
+    meta_t.finalize(torch.device("cpu"))
+    today = TorchPagedAttention().forward(q, k, v, kc.clone(), vc.clone(), meta_t, 0.3, window=window, sinks=sinks)
+    got = VarlenPagedAttention(BS).forward(q, k, v, kc, vc, meta, 0.3, window=window, sinks=sinks)
+    want = _plain(q, kc, vc, meta, 0.3, window, None, sinks)
+    assert (got - want).abs().max().item() < 1e-5
+    assert (today - want).abs().max().item() < 1e-5
+    assert (want - _plain(q, kc, vc, meta, 0.3, window, None)).abs().max().item() > 1e-2
 
 
 def test_inputs_from_a_step_layout() -> None:
@@ -170,6 +195,12 @@ def test_probe_accepts_the_triton_kernel_and_names_a_wrong_one() -> None:
         return varlen_attention_triton(*args, window=None, softcap=softcap)
 
     assert "differs from the reference" in (probe(no_window, dev, dtype, BS, 16) or "")
+    assert probe(varlen_attention_triton, dev, dtype, BS, 16, softcap=True, sinks=True) is None
+
+    def no_sinks(*args, window=None, softcap=None, sinks=None):  # noqa: ANN001, ANN002, ANN202
+        return varlen_attention_triton(*args, window=window, softcap=softcap)
+
+    assert "differs from the reference" in (probe(no_sinks, dev, dtype, BS, 16, sinks=True) or "")
 
 
 def _off_by_ulps(ulps: float):  # noqa: ANN202
