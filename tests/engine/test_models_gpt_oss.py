@@ -118,6 +118,27 @@ def test_triton_kernel_in_the_engine() -> None:
         assert o.new_token_ids == hf_generate(ref, p, 9).sequences[0, len(p):].tolist()
 
 
+def test_teacher_rows_at_a_temperature() -> None:
+    """A distillation teacher's request (input_logprob_temperature 0.7, top-3, token_ids_logprob), chunked: rows,
+    top-k and the asked ids within 1e-4 of log_softmax(transformers logits / 0.7)."""
+    from protocol.sampling import SamplingParams
+    from tests.helpers.reference import hf_logits
+
+    path, ids, asked = gpt_oss_path(), rand_ids(30, seed=8), [2, 3, 50]
+    params = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=4, top_logprobs_num=3,
+                            input_logprob_temperature=0.7, token_ids_logprob=asked)
+    out = make_engine(path, max_num_batched_tokens=6).generate([ids], params, check=True)[0]
+    lp = torch.log_softmax(hf_logits(path, ids) / 0.7, -1)
+    worst = 0.0
+    for pos, (row, top, by_id) in enumerate(zip(out.input_token_logprobs, out.input_top_logprobs,
+                                                out.input_token_ids_logprobs, strict=True), start=4):
+        worst = max(worst, abs(row[0] - lp[pos, ids[pos + 1]].item()))
+        assert [t for _, t in top] == torch.topk(lp[pos], 3).indices.tolist()
+        worst = max([worst] + [abs(v - lp[pos, t].item()) for v, t in top + by_id])
+        assert [t for _, t in by_id] == asked
+    assert worst <= 1e-4, worst
+
+
 def test_lora_on_the_attention(tmp_path: Path) -> None:
     """A PEFT adapter on q/k/v/o (biased projections; the experts are no LoRA target): rows within 1e-4 of PEFT's
     forward, beside a base-model request in the same step."""
