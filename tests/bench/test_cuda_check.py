@@ -11,7 +11,7 @@ import pytest
 from bench.device.cuda_check import main
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)  # a hang guard: the sections before gpt_oss alone took 280 s on 2 cores shared 8 ways
 def test_cuda_check_cpu_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     main(["--cpu-smoke", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "cuda_check.json").read_text())
@@ -36,7 +36,7 @@ def test_cuda_check_cpu_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     for case in ("one_step", "warm_repeat", "chunked", "varlen"):
         assert oss[case]["max_abs_diff"] <= 1e-4 and oss[case]["top_sets_moved"] == 0, oss
     assert oss["warm_repeat"]["cached_tokens"] > 0 and oss["varlen"]["kernel"] == "varlen_attention_reference"
-    assert oss["greedy"]["equal"] == oss["varlen_greedy"]["equal"] == 2
+    assert oss["greedy"]["equal"] == oss["varlen_greedy"]["equal"] == 1
     assert oss["bf16"]["max_abs_diff_vs_torch"] < 0.5 and oss["bf16"]["backend"] == "TorchPagedAttention"  # CPU
     # The workloads: both sides ran and agree (bfloat16 both sides: close, not exact), every figure is there.
     for name in ("ragged", "mc"):
