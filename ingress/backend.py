@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -34,12 +33,10 @@ from protocol import (
     TokenizerInfo,
     WeightUpdate,
     WeightUpdateResult,
-    error_chunk,
     merge_outputs,
     until_finished,
 )
 from protocol.control import FlushCache, GenerationControl
-from rulebook import rules
 
 if TYPE_CHECKING:  # Ray is only needed once a handle exists; tests of the routes never import it.
     from ray.serve.handle import DeploymentHandle
@@ -160,10 +157,10 @@ class Backend(Protocol):
 class HandleBackend:
     """Backend over the worker deployment: `generate` (streaming), `generate_many` (streaming, several requests),
     `generate_whole` (unary), `model_info` and `stats`; one worker call per HTTP request (the model-info refresh
-    aside). The text side is this replica's own (ingress/text.py): a text prompt is tokenized here and the worker gets
-    ids; the worker answers ids and logprobs, and the answer's text and its stop strings are made here
-    (ingress/answer_text.py). Ray's errors for a lost replica become WorkerLost and Serve's BackPressureError becomes
-    Overloaded (`_translated`)."""
+    aside). The text side is this replica's own (ingress/text.py): the routes tokenize their prompts through it
+    and the worker gets ids; the worker answers ids and logprobs, and the answer's text and its stop strings are
+    made here (ingress/answer_text.py). Ray's errors for a lost replica become WorkerLost and Serve's
+    BackPressureError becomes Overloaded (`_translated`)."""
 
     def __init__(self, worker: DeploymentHandle, ready_timeout_s: float = 5.0,
                  weight_updates: bool = False, coalesce_max_in_flight: int = 0,
@@ -210,29 +207,9 @@ class HandleBackend:
         text.info = info
         return text
 
-    async def _with_ids(self, req: GenerateRequest) -> GenerateRequest | GenerateChunk:
-        """`req` with its text prompt tokenized here (the worker takes ids), or the 400 chunk that ends it when the
-        text breaks a rule or tokenizes to nothing (what the worker answered when it tokenized)."""
-        if req.input_ids is not None:
-            return req
-        text = await self._text_side()
-        prompt = req.prompt or ""
-        broken = text.untokenizable(prompt)
-        if broken is None:
-            ids = await asyncio.to_thread(text.tokenizer.encode, prompt, add_special_tokens=False)
-            broken = rules.empty_prompt(ids)
-        if broken is not None:
-            return error_chunk(req.rid, broken.message, 400)
-        return dataclasses.replace(req, input_ids=ids, prompt=None)
-
     async def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         response = None
         finished = False
-        prepared = await self._with_ids(req)
-        if isinstance(prepared, GenerateChunk):
-            yield prepared
-            return
-        req = prepared
         # The answer's text, made here from the ids (answer_text.py); built at the first generated ids, so a
         # scoring stream never needs the tokenizer.
         answer: AnswerText | None = None
@@ -271,8 +248,7 @@ class HandleBackend:
         together = [i for i, r in enumerate(reqs) if not r.params.stop_strings]
         if len(together) < 2:
             return [self.stream(r) for r in reqs]
-        call = ManyCall([reqs[i] for i in together], self._with_ids, self._many_call, self._tokenizer, _translated,
-                        self._cancel)
+        call = ManyCall([reqs[i] for i in together], self._many_call, self._tokenizer, _translated, self._cancel)
         members = iter(call.members())
         return [self.stream(r) if r.params.stop_strings else next(members) for r in reqs]
 
@@ -294,9 +270,8 @@ class HandleBackend:
     async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
         """A request with stop strings is read as a stream (one streaming call each), so that the ingress, which
         matches them, can end it in the worker when one matches; the others go as one unary call (coalesced)."""
-        prepared = [await self._with_ids(r) for r in reqs]
-        unary = [p for p in prepared if isinstance(p, GenerateRequest) and not p.params.stop_strings]
-        streamed = [p for p in prepared if isinstance(p, GenerateRequest) and p.params.stop_strings]
+        unary = [r for r in reqs if not r.params.stop_strings]
+        streamed = [r for r in reqs if r.params.stop_strings]
 
         async def unary_answers() -> list[GenerateChunk]:
             return [await self._with_text(w, r.params) for w, r in
@@ -308,8 +283,7 @@ class HandleBackend:
 
         got = await all_or_none([unary_answers(), *(read_whole(r) for r in streamed)])
         by_unary, by_stream = iter(got[0]), iter(got[1:])
-        return [p if isinstance(p, GenerateChunk) else next(by_stream if p.params.stop_strings else by_unary)
-                for p in prepared]
+        return [next(by_stream if r.params.stop_strings else by_unary) for r in reqs]
 
     async def _with_text(self, whole: GenerateChunk, params: SamplingParams) -> GenerateChunk:
         """A whole answer with no stop strings, its text decoded here once."""

@@ -6,10 +6,10 @@ GPU. So once `max_in_flight` calls of such requests are out, the ones that arriv
 call when one of those returns: under load a worker gets few large calls, and an idle server answers a lone request
 at once, with no added wait.
 
-Only scoring (max_tokens 0) of token ids coalesces, at most `max_tokens` prompt tokens in one call: a coalesced
-call is cancelled only when every request in it is gone (its client left or its deadline passed), so what a
-departed client leaves running is bounded to that. A generation, a text prompt or a larger batch goes alone, as
-before. Each request keeps its own admission group (fan_out.py): a refusal of one is that one's answer only.
+Only scoring (max_tokens 0) coalesces, at most `max_tokens` prompt tokens in one call: a coalesced call is cancelled
+only when every request in it is gone (its client left or its deadline passed), so what a departed client leaves
+running is bounded to that. A generation or a larger batch goes alone, as before. Each request keeps its own
+admission group (fan_out.py): a refusal of one is that one's answer only.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ class Coalescer:
         self._max_in_flight, self._max_tokens = max_in_flight, max_tokens
 
     def _tokens(self, reqs: Sequence[GenerateRequest]) -> int | None:
-        """Prompt tokens of `reqs` when every one may coalesce (scoring of token ids), else None."""
+        """Prompt tokens of `reqs` when every one may coalesce (scoring), else None."""
         total = 0
         for req in reqs:
-            if req.input_ids is None or req.params.max_tokens != 0:
+            if req.params.max_tokens != 0:
                 return None
             total += len(req.input_ids)
         return total
@@ -117,7 +117,7 @@ class Coalescer:
             tokens = 0
             while self._queue:
                 nxt = self._queue[0]
-                size = sum(len(r.input_ids or ()) for r in nxt.reqs)
+                size = sum(len(r.input_ids) for r in nxt.reqs)
                 if taken and tokens + size > self._max_tokens:
                     break
                 taken.append(self._queue.popleft())

@@ -48,11 +48,8 @@ def as_one_unit(requests: Sequence[GenerateRequest], info: ModelInfo) -> list[Ge
     tokens = 0
     for i, req in enumerate(requests):
         ids = req.input_ids
-        shared = 0
-        if ids is not None:
-            shared = max((common_prefix(ids, earlier.input_ids) for earlier in requests[:i]
-                          if earlier.input_ids is not None), default=0)
-        tokens += len(ids) - shared if ids is not None else 0  # a text prompt's tokens are known only at the worker
+        shared = max((common_prefix(ids, earlier.input_ids) for earlier in requests[:i]), default=0)
+        tokens += len(ids) - shared
         tagged.append(replace(req, group=group, shared_tokens=shared))
     too_many = info.max_queued_requests is not None and len(requests) > info.max_queued_requests
     too_long = info.max_queued_tokens is not None and tokens > info.max_queued_tokens

@@ -18,10 +18,10 @@ from rulebook import limits
 
 def logprob_entries(req: GenerateRequest) -> int:
     """[value, token_id] entries the request's answer holds at most: the engine's count (SamplingParams), none
-    without return_logprob. A text prompt is never scored (scoring needs ids), so it counts no prompt rows."""
+    without return_logprob."""
     if not req.params.return_logprob:
         return 0
-    return req.params.logprob_entries(len(req.input_ids) if req.input_ids is not None else 0)
+    return req.params.logprob_entries(len(req.input_ids))
 
 
 def check_limits(requests: Sequence[GenerateRequest], settings: IngressSettings, info: ModelInfo | None = None,

@@ -32,16 +32,14 @@ class ManyCall:
     """One worker call for `reqs`; `member(i)` is request i's stream."""
 
     def __init__(self, reqs: Sequence[GenerateRequest],
-                 prepare: Callable[[GenerateRequest], Awaitable[GenerateRequest | GenerateChunk]],
                  call: Callable[[list[GenerateRequest]], Any],
                  tokenizer: Callable[[], Awaitable[Any]],
                  translate: Callable[[Exception], Exception],
                  cancel: Callable[[Any], None]) -> None:
-        """`prepare`: a request with ids, or the chunk that ends it here; `call`: the worker call's response (an
-        async iterable of messages, with `cancel()`); `translate`: Ray's errors as the ingress's; `cancel`: cancel
-        a response, quietly."""
+        """`call`: the worker call's response (an async iterable of messages, with `cancel()`); `translate`: Ray's
+        errors as the ingress's; `cancel`: cancel a response, quietly."""
         self._reqs = list(reqs)
-        self._prepare, self._call, self._tokenizer = prepare, call, tokenizer
+        self._call, self._tokenizer = call, tokenizer
         self._translate, self._cancel = translate, cancel
         self._queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in self._reqs]
         self._finished = [False] * len(self._reqs)
@@ -85,23 +83,12 @@ class ManyCall:
     async def _read(self) -> None:
         response = None
         try:
-            prepared = [await self._prepare(r) for r in self._reqs]
-            sent: list[int] = []
-            reqs: list[GenerateRequest] = []
-            for i, p in enumerate(prepared):
-                if isinstance(p, GenerateChunk):  # refused here (a text prompt the rules refuse): never sent
-                    self._put(i, p)
-                else:
-                    sent.append(i)
-                    reqs.append(p)
-            if not reqs:
-                return
             # Serve's router may refuse the call right here (BackPressureError), not only on the first read.
-            response = self._call(reqs)
+            response = self._call(self._reqs)
             messages: AsyncIterable[Message] = response
             async for message in messages:
-                for j, chunk in message:
-                    self._put(sent[j], chunk)
+                for i, chunk in message:
+                    self._put(i, chunk)
         except Exception as exc:
             error = self._translate(exc)
             if error is not exc:

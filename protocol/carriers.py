@@ -18,13 +18,12 @@ from protocol.sampling import SamplingParams
 
 @dataclass
 class GenerateRequest:
-    """One worker request: a prompt and how to score, sample and stop."""
+    """One worker request: a prompt's token ids and how to score, sample and stop. Every dialect's parse makes it
+    whole (a text prompt tokenized where the request enters: ingress/text.py), so nothing on the way to the engine
+    tokenizes."""
 
     rid: str
-    # Exactly one of input_ids / prompt. The worker takes ids only: the ingress's backend tokenizes a prompt (no
-    # special tokens added) before the worker call (ingress/backend.py, ingress/text.py).
-    input_ids: list[int] | None = None
-    prompt: str | None = None
+    input_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     # The worker requests of one HTTP request share a group (ingress/fan_out.py): the worker admits them as one unit
     # and counts once the first `shared_tokens` of input_ids, which an earlier request of the group has too.

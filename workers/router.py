@@ -146,7 +146,7 @@ class PrefixAwareRouter(RequestRouter):
 
     def _request_hashes(self, pending_request: PendingRequest | None) -> list[int]:
         """Block hashes of a generate call's input_ids (a generate_whole call's: its first request's); [] for
-        anything else (text prompts, stats, ...)."""
+        anything else (stats, model_info, ...)."""
         if pending_request is None or not pending_request.args:
             return []
         method, req = pending_request.metadata.call_method, pending_request.args[0]

@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from ingress.adapters.select import adapter_by_name
 from ingress.backend import Backend
+from ingress.canonical import check_tokenized
 from ingress.classify.validation import check_causal
 from ingress.edge.openapi import error_responses
 from ingress.errors import IngressError, InvalidRequest, JSONAnswer
@@ -31,8 +32,8 @@ from ingress.sglang.routes import SGLangGenerate
 from ingress.sglang.schemas import SGLangBody
 from ingress.sglang.translate import SamplingTypeError, parse
 from ingress.sse import SSE_DONE, sse_data
-from protocol import GenerateChunk
-from rulebook import generate_fields
+from protocol import GenerateChunk, GenerateRequest, ModelInfo
+from rulebook import generate_fields, rules
 from rulebook import sglang as sg
 from rulebook.adapters import ADAPTER_TWICE
 from rulebook.sglang import LORA_PATHS_DIFFER
@@ -88,7 +89,7 @@ class GenerateRoutes:
             validate(body, info)
         else:
             validate_batch(items, info)
-        requests = [to_request(item) for item in items or [body]]
+        requests = await self._requests(items or [body], info)
         flat = bool(body.return_flat_logprobs_b64)
         if body.stream:
             batch.open(requests, info)
@@ -98,6 +99,25 @@ class GenerateRoutes:
         if items is None:
             return JSONAnswer(chunk_json(wholes[0], flat))
         return JSONAnswer([chunk_json(whole, flat) for whole in wholes])
+
+
+    async def _requests(self, bodies: list[GenerateBody], info: ModelInfo) -> list[GenerateRequest]:
+        """The checked bodies' canonical requests: their text prompts tokenized here (one call for all of them),
+        then checked against the context as a prompt of ids is (a batch's failure names its item)."""
+        texts = [b.prompt for b in bodies if b.input_ids is None]
+        tokenized = iter(await self._backend.tokenize_many(texts) if texts else [])  # type: ignore[arg-type]
+        requests = []
+        for i, b in enumerate(bodies):
+            request = to_request(b, None if b.input_ids is not None else next(tokenized))
+            if b.input_ids is None:
+                try:
+                    check_tokenized(request.params, request.input_ids, info)
+                except InvalidRequest as exc:
+                    if len(bodies) == 1:
+                        raise
+                    raise InvalidRequest(rules.ITEM.format(i=i, message=exc.message)) from exc
+            requests.append(request)
+        return requests
 
 
 def _adapter_field(body: GenerateBody) -> tuple[str | None, str]:

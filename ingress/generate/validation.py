@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 
-from ingress.canonical import check_request
+from ingress.canonical import check_prompt
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, enforce
 from ingress.generate.schemas import GenerateBody
@@ -23,13 +23,18 @@ from rulebook import rules
 
 def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None) -> None:
     """Raise InvalidRequest with the first failing rule's message; return when the body is valid: the body's
-    canonical request against the contract's rules (ingress/canonical.py), image input at rule 7's place.
+    prompt and parameters against the contract's rules (ingress/canonical.py), image input at rule 7's place.
 
-    `prompt_len` is the token count of a text prompt when the caller knows it. The seed route does not (its text
-    is tokenized on the way to the worker, ingress/backend.py), so for a text prompt rule 11 is the engine's.
+    `prompt_len` is the token count of a text prompt when the caller knows it. The seed route does not before it
+    tokenizes the checked text (ingress/generate/routes.py), so it checks rule 11 on the ids then
+    (canonical.check_tokenized).
     """
     enforce(rules.token_id_shapes_mixed(body.token_ids_logprob))
-    check_request(to_request(body), info, images=body.image_data is not None, prompt_len=prompt_len)
+    # A single body's prompt (a batch's lists reach here only beside the other form, which rule 4 refuses first).
+    ids: list[int] | None = list(body.input_ids) if body.input_ids is not None else None  # type: ignore[arg-type]
+    text: str | None = body.prompt  # type: ignore[assignment]
+    check_prompt(sampling_params(body), info, ids=ids, text=text, images=body.image_data is not None,
+                 prompt_len=prompt_len)
 
 
 def split_batch(body: GenerateBody) -> list[GenerateBody] | None:
@@ -82,13 +87,13 @@ def sampling_params(body: GenerateBody) -> SamplingParams:
         token_ids_logprob=flat_ids, token_id_rows=row_ids)
 
 
-def to_request(body: GenerateBody) -> GenerateRequest:
-    """The worker's carrier for a validated body; the request id is the body's `rid`, else the HTTP request's
-    (X-Request-ID or made by the middleware), else a new one."""
+def to_request(body: GenerateBody, input_ids: list[int] | None = None) -> GenerateRequest:
+    """The worker's carrier for a validated body, its prompt's ids `input_ids` (a text prompt's, tokenized) or the
+    body's own; the request id is the body's `rid`, else the HTTP request's (X-Request-ID or made by the
+    middleware), else a new one."""
     assert not isinstance(body.rid, list), "a batch is split into single bodies first"
-    return GenerateRequest(
-        rid=body.rid or current_request_id() or uuid.uuid4().hex,
-        input_ids=list(body.input_ids) if body.input_ids is not None else None,
-        prompt=body.prompt,
-        params=sampling_params(body),
-    )
+    ids = input_ids if input_ids is not None else body.input_ids
+    assert ids is not None, "a text prompt is tokenized first"
+    return GenerateRequest(rid=body.rid or current_request_id() or uuid.uuid4().hex,
+                           input_ids=list(ids),  # type: ignore[arg-type]  # a single body's ids
+                           params=sampling_params(body))

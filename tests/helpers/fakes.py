@@ -38,7 +38,7 @@ Script = Iterable[object]  # GenerateChunk | BaseException | HANG
 
 def fake_model(req: GenerateRequest) -> Script:
     """A deterministic worker: scoring in one chunk; generation one token per chunk, id = prev + 1."""
-    ids = req.input_ids or [1, 2]
+    ids = req.input_ids
     lp = req.params.return_logprob
     k = req.params.top_logprobs_num
     if req.params.max_tokens == 0:
@@ -129,6 +129,13 @@ class FakeBackend:
 
     async def ready(self) -> bool:
         return self.is_ready
+
+    # The text side: one id per character (id = ord(c) - 32, printable ASCII in the fake's vocabulary of 100).
+    async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) - 32 for c in text]
+
+    async def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        return [await self.tokenize(t) for t in texts]
 
     async def paused(self) -> str | None:
         return self.pause_mode

@@ -43,9 +43,8 @@ def rank(token: int) -> int:
 
 def model(req: GenerateRequest):
     """Scores ids[N+1:] in the first chunk, then generates id = previous + 1, one token per chunk."""
-    # A text prompt is tokenized as the fake tokenizer does (Backend.tokenize); an empty one is the worker's 400.
-    ids = list(req.input_ids) if req.input_ids is not None else [ord(c) - 32 for c in req.prompt or ""]
-    if not ids:
+    ids = list(req.input_ids)
+    if not ids:  # the worker's 400 (the routes refuse an empty prompt first)
         yield error_chunk(req.rid, "The prompt must not be an empty string", 400)
         return
     k = req.params.top_logprobs_num

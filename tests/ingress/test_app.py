@@ -84,7 +84,8 @@ async def test_rid_made_when_absent_and_sent_to_worker():
     assert len(rid) == 32 and backend.requests[0].rid == rid
     req = backend.requests[0]
     p = req.params
-    assert req.prompt == "hi" and p.stop == ["x"] and p.return_logprob is False and p.top_logprobs_num == 0
+    assert req.input_ids == [ord("h") - 32, ord("i") - 32]  # the text, tokenized by the route
+    assert p.stop == ["x"] and p.return_logprob is False and p.top_logprobs_num == 0
 
 
 async def test_scoring_json():

@@ -95,7 +95,6 @@ def test_a_coalesced_call_holds_at_most_max_tokens() -> None:
 
 @pytest.mark.parametrize("req", [
     GenerateRequest(rid="g", input_ids=[1, 2, 3], params=SamplingParams(max_tokens=4)),  # a generation
-    GenerateRequest(rid="g", prompt="text", params=SamplingParams(max_tokens=0)),  # tokens unknown here
     scoring("g", n=64),  # over max_tokens
 ])
 def test_what_may_not_coalesce_never_waits(req: GenerateRequest) -> None:

@@ -30,8 +30,8 @@ def test_common_prefix_is_the_longest_common_prefix(a: list[int], b: list[int]) 
     assert common_prefix(a, b) == n
 
 
-def req(rid: str, ids: list[int] | None = None, prompt: str | None = None) -> GenerateRequest:
-    return GenerateRequest(rid, input_ids=ids, prompt=prompt, params=SamplingParams(max_tokens=0))
+def req(rid: str, ids: list[int]) -> GenerateRequest:
+    return GenerateRequest(rid, input_ids=ids, params=SamplingParams(max_tokens=0))
 
 
 def test_score_like_requests_share_the_query_and_the_item() -> None:
@@ -56,8 +56,6 @@ def test_a_group_an_idle_worker_cannot_queue_is_a_400_naming_both_bounds() -> No
     assert "max_queued_tokens" in e.value.message and "max_queued_requests" in e.value.message
     with pytest.raises(InvalidRequest, match="max_queued_requests"):
         as_one_unit([req(f"r{i}", [i]) for i in range(3)], replace(BOUNDED, max_queued_requests=2))
-    # Text prompts: their tokens are known only at the worker, so only their count is held to a bound here.
-    assert len(as_one_unit([req(f"t{i}", prompt="x" * 9000) for i in range(3)], BOUNDED)) == 3
 
 
 @pytest.mark.asyncio

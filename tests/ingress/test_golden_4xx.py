@@ -4,6 +4,10 @@ name or a status shows here as the first case that differs.
 
 No Ray: the app over the OpenAI fakes' worker (tests/helpers/openai_fakes.py), a causal LM and a classifier. Record
 again (only when a change of an error is meant) with RAYSCORE_GOLDEN_RECORD=1.
+
+Changed on purpose since the first recording: `gen-too-long-text` and `gen-batch-text-long` (a /generate text prompt
+past the context) were the engine's 400 (the fake worker here checks no context, hence 200 then) and are now the
+ingress's, with the same rulebook message and body: /generate tokenizes in its parse, as every dialect does.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def test_entries_count_scored_rows_and_generated_tokens() -> None:
     both = GenerateRequest("b", input_ids=list(range(10)), params=SamplingParams(
         max_tokens=7, return_logprob=True, logprob_start_len=0, top_logprobs_num=2))
     assert logprob_entries(both) == (9 + 7) * 3
-    no_logprobs = GenerateRequest("c", prompt="hi", params=SamplingParams(max_tokens=50, top_logprobs_num=0))
+    no_logprobs = GenerateRequest("c", input_ids=[1, 2], params=SamplingParams(max_tokens=50, top_logprobs_num=0))
     assert logprob_entries(no_logprobs) == 0
 
 

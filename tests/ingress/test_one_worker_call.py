@@ -18,7 +18,6 @@ import pytest
 
 from ingress.app import build_fastapi_app
 from ingress.backend import HandleBackend
-from protocol import GenerateRequest
 from tests.helpers.fakes import INFO, FakeBackend
 from workers.many import merged
 
@@ -185,16 +184,21 @@ async def test_a_stop_string_is_matched_here_in_one_worker_call(counted, stream:
 
 
 async def test_a_text_prompt_the_rules_refuse_never_reaches_a_worker(smollm2_path: Path) -> None:
-    """The 400 chunk the worker answered when it tokenized (an empty or over-long text) now comes from here."""
+    """/generate's text prompts are tokenized in its parse, as every dialect's are: an over-long text, one past the
+    context once tokenized, or a batch item past it is refused here, before any worker call."""
     worker = FakeBackend()
-    worker.info = dataclasses.replace(INFO, model_path=str(smollm2_path), prompt_chars_per_token=1)
+    worker.info = dataclasses.replace(INFO, model_path=str(smollm2_path), vocab_size=49152, max_model_len=64,
+                                      prompt_chars_per_token=8)
     handle = CountingHandle(worker)
-    backend = HandleBackend(handle)  # type: ignore[arg-type]
-    reqs = [GenerateRequest(rid="e", prompt=""), GenerateRequest(rid="l", prompt="x" * 600)]
-    empty, long = await backend.answers(reqs)
-    assert (empty.finish_reason.type, empty.finish_reason.code) == ("error", 400)
-    assert "empty" in (empty.finish_reason.message or "").lower()
-    assert long.finish_reason.code == 400 and "max_prompt_chars_per_token" in (long.finish_reason.message or "")
+    app = build_fastapi_app(HandleBackend(handle))  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+        long = await c.post("/generate", json={"prompt": "x" * 600, "max_tokens": 1})
+        assert long.status_code == 400 and "max_prompt_chars_per_token" in long.json()["message"]
+        words = " ".join(["word"] * 60)  # 299 characters, within 64 x 8; 60 tokens, past 64 with 8 to generate
+        past = await c.post("/generate", json={"prompt": words, "max_tokens": 8})
+        assert past.status_code == 400 and past.json()["message"].startswith("The prompt length 60 plus max_tokens 8")
+        batch = await c.post("/generate", json={"prompt": ["hi", words], "max_tokens": 8})
+        assert batch.status_code == 400 and batch.json()["message"].startswith("Item 1: The prompt length 60")
     assert _worker_calls(handle.calls) == {}
 
 

@@ -298,7 +298,7 @@ def test_schema_defaults_and_extras():
 def test_to_request_defaults():
     req = to_request(GenerateBody(input_ids=[1, 2]))
     assert len(req.rid) == 32 and int(req.rid, 16) >= 0
-    assert req.input_ids == [1, 2] and req.prompt is None
+    assert req.input_ids == [1, 2]
     p = req.params
     assert p.return_logprob is False and p.top_logprobs_num == 0 and p.logprob_start_len == -1
     assert p.stop == [] and p.stop_token_ids == [] and p.seed is None
@@ -324,11 +324,11 @@ def test_to_request_copies_every_field():
         include_stop_str_in_output=True,
         rid="my-id",
     )
-    req = to_request(body)
+    req = to_request(body, [72, 73])  # the text prompt's ids, tokenized by the route
     p = req.params
-    assert (req.rid, req.prompt, req.input_ids, p.max_tokens) == ("my-id", "hi", None, 7)
+    assert (req.rid, req.input_ids, p.max_tokens) == ("my-id", [72, 73], 7)
     assert (p.return_logprob, p.top_logprobs_num, p.logprob_start_len) == (True, 3, -1)
     assert (p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (0.5, 0.9, 5, 0.1, 42)
     assert (p.stop, p.stop_token_ids) == (["END"], [7, 8])
     assert (p.ignore_eos, p.skip_special_tokens, p.include_stop_str_in_output) == (True, False, True)
-    assert to_request(GenerateBody(prompt="x", stop=["a", "b"])).params.stop == ["a", "b"]
+    assert to_request(GenerateBody(prompt="x", stop=["a", "b"]), [88]).params.stop == ["a", "b"]
