@@ -8,7 +8,8 @@ Serve's proxy counts the HTTP requests in `serve_num_http_requests`. A worker ca
 an HTTP request carries that request's route (behind Serve's proxy: the app's route prefix; behind HAProxy: the
 matched path); the ingress's own traffic (the model-info refresh, the tokenizer warm-up) runs outside any request
 context and carries route "", as does a driver's handle call. So "calls for requests" are the calls of every route
-but "", and "other calls" the rest.
+but "", and "other calls" the rest; the bound counts both (`Counts.all_calls`): the model-info refresh happens only
+when an answer's model-info version differs from the ingress's copy, or after long without answers.
 
 The replicas hand their counts to the agent every `metrics_report_interval_ms` (a Ray system config; the test
 cluster lowers it to 1 s), so a read waits until the page has stopped moving.
@@ -98,6 +99,11 @@ class Counts:
     request_calls: int  # worker calls made while serving an HTTP request (route tag not empty)
     other_calls: int  # worker calls made outside any request (route tag ""): the ingress's own traffic
     http_requests: int  # HTTP requests Serve's proxy answered (0 behind HAProxy, whose proxy is not Serve's)
+
+    @property
+    def all_calls(self) -> int:
+        """Every worker call, the ingress's own included: what the bound of at most 1.05 per HTTP request counts."""
+        return self.request_calls + self.other_calls
 
     def minus(self, before: Counts) -> Counts:
         return Counts(self.request_calls - before.request_calls, self.other_calls - before.other_calls,

@@ -45,9 +45,10 @@ logger = logging.getLogger(__name__)
 
 # How long an ingress replica trusts its copy of the adapter registry.
 ADAPTERS_TTL_S = 1.0
-# How old the ingress's copy of a worker's ModelInfo may grow before it is asked again (in the background: no request
-# waits for it): the worker's runtime settings (its user_config) reach the ingress's checks within this time.
-MODEL_INFO_TTL_S = 2.0
+# How long the ingress's copy of the workers' ModelInfo is trusted without an answer that confirms it (each answer
+# carries the workers' version: one that differs starts a refresh at once); then a request starts a refresh in the
+# background (no request waits for it). The default of IngressSettings.model_info_ttl_s.
+MODEL_INFO_TTL_S = 60.0
 WEIGHT_UPDATES_OFF = "Weight updates are off on this deployment (config field `weight_updates`)."
 CONTROLS_OFF = ("Generation controls reach every worker through the weight registry, which is off on this deployment "
                 "(config field `weight_updates`).")
@@ -174,8 +175,9 @@ class HandleBackend:
         self._weight_updates = weight_updates
         self._stream_worker = worker.options(stream=True)
         self._ready_timeout_s = ready_timeout_s
-        # Every replica serves the same model; the info's runtime limits follow the workers' user_config
-        # (refreshed after model_info_ttl_s).
+        # Every replica serves the same model; the info's runtime limits follow the workers' user_config: every
+        # answer carries the workers' version of it, and the copy is asked again when that differs, or after
+        # model_info_ttl_s without an answer (`_seen`). _info_at: when the copy was last fetched or confirmed.
         self._info: ModelInfo | None = None
         self._info_at = 0.0
         self._info_refresh: asyncio.Task[None] | None = None
@@ -186,11 +188,26 @@ class HandleBackend:
     async def model_info(self) -> ModelInfo:
         if self._info is None:
             self._info, self._info_at = await _call(self._worker.model_info), time.monotonic()
-        elif time.monotonic() - self._info_at > self._info_ttl_s and self._info_refresh is None:
+        elif time.monotonic() - self._info_at > self._info_ttl_s:
+            self._start_refresh()
+        return self._info
+
+    def _seen(self, chunk: GenerateChunk) -> None:
+        """A worker's answer: its model-info version confirms the copy held (which is trusted for another TTL), or
+        differs from it (a user_config change, a weight update) and starts a refresh."""
+        version = chunk.info_version
+        if version is None or self._info is None:  # an answer made here, or a worker that tells no version
+            return
+        if version == self._info.version:
+            self._info_at = time.monotonic()
+        else:
+            self._start_refresh()
+
+    def _start_refresh(self) -> None:
+        if self._info_refresh is None:
             # In an empty context, not the request's: the refresh is this replica's own traffic, so Serve files its
             # call under no route (its counters and logs tell it from the request's one call) and no request id.
             self._info_refresh = asyncio.create_task(self._refresh_info(), context=contextvars.Context())
-        return self._info
 
     async def _refresh_info(self) -> None:
         try:
@@ -221,6 +238,7 @@ class HandleBackend:
                 handle = handle.options(multiplexed_model_id=req.params.adapter.name)
             response = handle.generate.remote(req)
             async for chunk in response:
+                self._seen(chunk)
                 finished = chunk.finished
                 if answer is None and chunk.output_ids:
                     answer = AnswerText((await self._text_side()).tokenizer, req.params)
@@ -248,7 +266,8 @@ class HandleBackend:
         together = [i for i, r in enumerate(reqs) if not r.params.stop_strings]
         if len(together) < 2:
             return [self.stream(r) for r in reqs]
-        call = ManyCall([reqs[i] for i in together], self._many_call, self._tokenizer, _translated, self._cancel)
+        call = ManyCall([reqs[i] for i in together], self._many_call, self._tokenizer, _translated, self._cancel,
+                        self._seen)
         members = iter(call.members())
         return [self.stream(r) if r.params.stop_strings else next(members) for r in reqs]
 
@@ -298,6 +317,8 @@ class HandleBackend:
         try:
             response = _multiplexed(self._worker, reqs).generate_whole.remote(reqs)
             answers: list[GenerateChunk] = await response
+            for answer in answers:
+                self._seen(answer)
             return answers
         except asyncio.CancelledError:
             # The client left (or the deadline passed): cancelling the call cancels the replica's task, which

@@ -35,12 +35,14 @@ class ManyCall:
                  call: Callable[[list[GenerateRequest]], Any],
                  tokenizer: Callable[[], Awaitable[Any]],
                  translate: Callable[[Exception], Exception],
-                 cancel: Callable[[Any], None]) -> None:
+                 cancel: Callable[[Any], None],
+                 seen: Callable[[GenerateChunk], None] = lambda chunk: None) -> None:
         """`call`: the worker call's response (an async iterable of messages, with `cancel()`); `translate`: Ray's
-        errors as the ingress's; `cancel`: cancel a response, quietly."""
+        errors as the ingress's; `cancel`: cancel a response, quietly; `seen`: each delta as it arrives (the
+        model-info version it carries)."""
         self._reqs = list(reqs)
         self._call, self._tokenizer = call, tokenizer
-        self._translate, self._cancel = translate, cancel
+        self._translate, self._cancel, self._seen = translate, cancel, seen
         self._queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in self._reqs]
         self._finished = [False] * len(self._reqs)
         self._reader: asyncio.Task[None] | None = None
@@ -88,6 +90,7 @@ class ManyCall:
             messages: AsyncIterable[Message] = response
             async for message in messages:
                 for i, chunk in message:
+                    self._seen(chunk)
                     self._put(i, chunk)
         except Exception as exc:
             error = self._translate(exc)

@@ -51,10 +51,12 @@ class IngressSettings:
                                        "than workers leave some idle); 0: every request its own call.")
     coalesce_max_tokens: int = _doc(2048, "Most prompt tokens in one coalesced worker call; a scoring request "
                                     "larger than this is sent alone.")
-    model_info_ttl_s: float = _doc(2.0, "How old the ingress's copy of the workers' runtime limits (their user_config) "
-                                   "may get before a request starts a refresh in the background: one worker call "
-                                   "outside any request, which takes a place in the worker deployment's queue "
-                                   "like a request's (max_queued_requests).")
+    model_info_ttl_s: float = _doc(60.0, "How long the ingress trusts its copy of the workers' model info (their "
+                                   "runtime limits, user_config) without a worker's answer: every answer carries "
+                                   "the workers' model-info version, and one that differs (a user_config change, a "
+                                   "weight update) refreshes the copy at once; past this time without answers a "
+                                   "request starts a refresh in the background (one worker call outside any "
+                                   "request, which takes a place in the worker deployment's queue).")
     # Images (ingress/images.py, rulebook/images.py): decoded and preprocessed here, in a thread.
     max_images_per_request: int = _doc(8, "Most images one request may carry, over all its messages or items (400 "
                                        "above it).")

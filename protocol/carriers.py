@@ -67,6 +67,8 @@ class GenerateChunk:
     pooled: list[float] | None = None
     # The weights the request ran on (every chunk of a request carries the same: weights change between requests).
     weight_version: str | None = None
+    # The worker's ModelInfo.version when the request started: the ingress refreshes its copy when it differs.
+    info_version: str | None = None
 
 
 def error_chunk(rid: str, message: str, code: int | None = None, after: GenerateChunk | None = None) -> GenerateChunk:
@@ -93,7 +95,8 @@ def error_chunk(rid: str, message: str, code: int | None = None, after: Generate
         output_token_ids_logprobs=empty_like("output_token_ids_logprobs"),
         output_token_ranks=empty_like("output_token_ranks"),
         input_logprob_temperature=after.input_logprob_temperature if after else None,
-        pooled=after.pooled if after else None, weight_version=after.weight_version if after else None)
+        pooled=after.pooled if after else None, weight_version=after.weight_version if after else None,
+        info_version=after.info_version if after else None)
 
 
 async def until_finished(stream: AsyncGenerator[GenerateChunk, None]) -> list[GenerateChunk]:

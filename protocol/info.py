@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 
 from protocol.outputs import DEFAULT_WEIGHT_VERSION
@@ -41,6 +43,11 @@ class ModelInfo:
     image_token_id: int | None = None
     vision_start_token_id: int | None = None
     vision_end_token_id: int | None = None
+    # The workers' model-info version: a digest of every field above and of the weights served (model_info_version),
+    # so that every replica of one configuration tells the same. Each answer carries it (GenerateChunk.info_version):
+    # the ingress asks again only when an answer's differs (a user_config change, a weight update) or when no answer
+    # has come for long (ingress/backend.py). "": not told (tests' fakes).
+    version: str = ""
 
     @property
     def classifier(self) -> bool:
@@ -49,6 +56,17 @@ class ModelInfo:
     @property
     def takes_images(self) -> bool:
         return self.image_token_id is not None
+
+
+def model_info_version(info: ModelInfo, weight_version: str) -> str:
+    """The version of `info` (its `version` aside) on weights `weight_version`: equal on every replica that serves
+    them under the same settings, different after any change of either."""
+    # kv_capacity_tokens is each replica's own (its device's free memory at start): replicas that differ only there
+    # must not make the ingress refresh at every switch between them.
+    fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)
+              if f.name not in ("version", "kv_capacity_tokens")}
+    digest = hashlib.blake2b(repr((sorted(fields.items()), weight_version)).encode(), digest_size=8)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

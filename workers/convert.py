@@ -18,10 +18,11 @@ def _tops(rows: list[list[TokenLogprob]] | None) -> list[list[list]] | None:
     return None if rows is None else [[[v, t] for v, t in row] for row in rows]
 
 
-def to_chunk(out: RequestOutput, params: SamplingParams | None = None, weight_version: str | None = None
-             ) -> GenerateChunk:
+def to_chunk(out: RequestOutput, params: SamplingParams | None = None, weight_version: str | None = None,
+             info_version: str | None = None) -> GenerateChunk:
     """params: the request's, for what its answer echoes (input_logprob_temperature); weight_version: the weights
-    it runs on (read when each delta is built: the engine changes weights only between requests)."""
+    it runs on (read when each delta is built: the engine changes weights only between requests); info_version:
+    the worker's ModelInfo.version when the request started (the ingress refreshes its copy when it differs)."""
     return GenerateChunk(
         rid=out.request_id, output_ids=list(out.new_token_ids), finished=out.finished,
         finish_reason=out.finish_reason, prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
@@ -34,4 +35,4 @@ def to_chunk(out: RequestOutput, params: SamplingParams | None = None, weight_ve
         output_token_ids_logprobs=_tops(out.output_token_ids_logprobs),
         output_token_ranks=out.output_token_ranks,
         input_logprob_temperature=params.input_logprob_temperature if params is not None else None,
-        pooled=out.pooled, weight_version=weight_version)
+        pooled=out.pooled, weight_version=weight_version, info_version=info_version)

@@ -25,6 +25,7 @@ from protocol import (
     merge_outputs,
     until_finished,
 )
+from protocol.info import model_info_version
 from protocol.outputs import RequestOutput
 from workers.adapter_registry import adapter_registry_actor
 from workers.convert import to_chunk
@@ -80,6 +81,7 @@ class EngineWorker:
                               id2label=_labels(eng.hf_config) if eng.model.classifier else {},
                               problem_type=getattr(eng.hf_config, "problem_type", None),
                               **_vision_ids(eng.hf_config))
+        self._info_weights = ""  # the weight version self.info.version was computed on (`_current_info`)
         self._base_config = cfg  # what `args` gave; user_config (reconfigure) is laid over it
         # Serve's model multiplexing of LoRA adapters: an LRU of max_loras adapter names per replica that Serve
         # reports to every router (the engine's own LRU of slots is the same size and loads on demand).
@@ -107,12 +109,14 @@ class EngineWorker:
         field raises ValueError (Serve reports the deploy failed; the engine keeps its settings)."""
         cfg = self._base_config.with_runtime(user_config)
         await asyncio.wrap_future(self.engine.reconfigure(cfg))
-        # The ingress validates against these (its ModelInfo is refreshed: ingress/backend.py).
+        # The ingress validates against these: every answer carries the info's version, and the ingress refreshes its
+        # copy when it differs (ingress/backend.py).
         self.info = dataclasses.replace(self.info, prompt_chars_per_token=cfg.max_prompt_chars_per_token,
                                         max_queued_requests=cfg.max_queued_requests,
                                         max_queued_tokens=cfg.max_queued_tokens,
                                         max_top_logprobs=cfg.max_top_logprobs,
                                         max_logprob_entries=cfg.max_logprob_entries)
+        self._info_weights = ""  # a new version, whatever the weights
         log.info("rayscore worker runtime settings: %s", {f: getattr(cfg, f) for f in RUNTIME_FIELDS})
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
@@ -139,13 +143,14 @@ class EngineWorker:
         # aborts the request and frees its KV blocks.
         params = req.params
         eng = self.engine.engine
+        info_version = self._current_info().version
         model_id = serve.get_multiplexed_model_id()
         if model_id:  # a LoRA adapter's call: Serve records that this replica holds it (workers/router.py prefers it)
             await self._hold_adapter(model_id)
 
         def convert(out: RequestOutput) -> GenerateChunk:  # in the engine thread, off this event loop
             self.metrics.on_output(params, out)
-            return to_chunk(out, params, eng.weight_version)
+            return to_chunk(out, params, eng.weight_version, info_version)
 
         # The ingress decoded and preprocessed the images; here their bytes only become tensors.
         images = [ImageInput.from_carrier(im) for im in req.images] if req.images else None
@@ -175,6 +180,14 @@ class EngineWorker:
         return chunks[0] if len(chunks) == 1 else merge_outputs(chunks)
 
     async def model_info(self) -> ModelInfo:
+        return self._current_info()
+
+    def _current_info(self) -> ModelInfo:
+        """self.info with its version on the weights served now (a weight update changes it between requests)."""
+        weights = self.engine.engine.weight_version
+        if weights != self._info_weights or not self.info.version:
+            self.info = dataclasses.replace(self.info, version=model_info_version(self.info, weights))
+            self._info_weights = weights
         return self.info
 
     async def check_adapter(self, name: str, path: str) -> str | None:

@@ -2,20 +2,19 @@
 counter of the EngineWorker deployment (read from Ray's Prometheus page, checks/serve_calls.py) against Serve's
 proxy's count of HTTP requests, route by route, for issue 41's four routes: text completions with echo and
 logprobs (8 prompts a request), streamed chat completions of 32 tokens, SGLang text /generate and /v1/score, and
-a streamed completion of 4 text prompts (one generate_many call).
+a streamed completion of 4 text prompts (one generate_many call). Every worker call counts, the ingress's own
+included: its copy of the model info is confirmed by the version each answer carries, so it makes no call of its
+own while answers come.
 
 The requests go one at a time, so the ingress never coalesces two into one call (which would read below 1)."""
 
 from __future__ import annotations
-
-import time
 
 import httpx
 import pytest
 from ray import serve
 
 from checks import serve_calls
-from ingress.backend import MODEL_INFO_TTL_S
 from tests.helpers.serve import app_args, deploy, ids_of
 
 APP, PREFIX = "calls", "/calls"
@@ -43,15 +42,11 @@ def test_serve_counts_one_worker_call_per_http_request(url: str, metrics_url: st
         assert before.request_calls > 0 and before.http_requests >= len(bodies), before  # the counters count
         per_request: dict[str, float] = {}
         for name, (path, body) in bodies.items():
-            t = time.monotonic()
             for _ in range(REQUESTS):
                 serve_calls.post(client, url + path, body)
-            elapsed = time.monotonic() - t
             after = serve_calls.settled(metrics_url, APP, interval, before.http_requests + REQUESTS)
             got = after.minus(before)
-            assert got.http_requests == REQUESTS, (name, got)
-            per_request[name] = got.request_calls / got.http_requests
-            # The ingress's own traffic, outside any request: the model-info refresh, at most once a TTL.
-            assert got.other_calls <= elapsed / MODEL_INFO_TTL_S + 2, (name, got)
+            assert got.http_requests == REQUESTS and got.request_calls >= REQUESTS, (name, got)
+            per_request[name] = got.all_calls / got.http_requests
             before = after
-    assert all(1.0 <= v <= 1.05 for v in per_request.values()), per_request
+    assert all(v <= 1.05 for v in per_request.values()), per_request

@@ -248,3 +248,52 @@ async def test_answers_with_stop_strings_read_one_stream_each(smollm2_path: Path
     assert stopped.finish_reason == FinishReason("stop", matched="ld, th")
     assert whole.text == "Hello world, this is a test." and whole.output_ids == HELLO
     assert len(handle.options(stream=True).generate.responses) == 1 and len(handle.generate_whole.responses) == 1
+
+
+async def test_answers_carry_the_model_info_version_and_a_different_one_refreshes():
+    """No polling: an answer whose version is the copy's keeps it trusted past the TTL (no worker call of the
+    ingress's own), and one whose version differs (a user_config change, a weight update) refreshes it at once."""
+    info = dataclasses.replace(INFO, version="v1")
+    newer = dataclasses.replace(INFO, max_top_logprobs=3, version="v2")
+    handle = FakeHandle()
+    handle.model_info = FakeMethod([info], [newer])
+    v1, v2 = ([[GenerateChunk(rid="r", finished=True, info_version=v)]] for v in ("v1", "v2"))
+    handle.generate_whole = FakeMethod(v1, v1, v1, v2)
+    backend = HandleBackend(handle, model_info_ttl_s=0.05)
+    assert await backend.model_info() == info
+    for _ in range(3):  # past the TTL each time, but an answer confirmed the copy just before
+        await asyncio.sleep(0.06)
+        await backend.answers([dataclasses.replace(REQ, params=SamplingParams(max_tokens=0))])
+        assert await backend.model_info() == info
+    await asyncio.sleep(0.01)
+    assert len(handle.model_info.responses) == 1  # no refresh while the answers confirm the copy
+    await backend.answers([dataclasses.replace(REQ, params=SamplingParams(max_tokens=0))])  # tells v2
+    await asyncio.sleep(0.01)
+    assert len(handle.model_info.responses) == 2 and await backend.model_info() == newer
+
+
+async def test_no_answer_for_longer_than_the_ttl_refreshes_in_the_background():
+    """A copy no answer confirmed for model_info_ttl_s is asked again (an answer made without a version, as an
+    older worker's, confirms nothing)."""
+    info = dataclasses.replace(INFO, version="v1")
+    handle = FakeHandle()
+    handle.model_info = FakeMethod([info])
+    handle.generate_whole = FakeMethod([[GenerateChunk(rid="r", finished=True)]])
+    backend = HandleBackend(handle, model_info_ttl_s=0.05)
+    await backend.model_info()
+    await asyncio.sleep(0.06)
+    await backend.answers([dataclasses.replace(REQ, params=SamplingParams(max_tokens=0))])
+    await backend.model_info()
+    await asyncio.sleep(0.01)
+    assert len(handle.model_info.responses) == 2
+
+
+def test_the_version_is_the_same_on_replicas_of_one_configuration_and_moves_with_a_change():
+    """model_info_version: a digest of the info's fields (but each replica's own KV capacity) and the weights."""
+    from protocol.info import model_info_version
+
+    base = model_info_version(INFO, "default")
+    assert base == model_info_version(dataclasses.replace(INFO, kv_capacity_tokens=12345), "default")
+    assert base == model_info_version(dataclasses.replace(INFO, version="old"), "default")
+    assert base != model_info_version(INFO, "step-2")
+    assert base != model_info_version(dataclasses.replace(INFO, max_top_logprobs=3), "default")
