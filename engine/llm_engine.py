@@ -233,7 +233,7 @@ class LLMEngine:
 
     def _stop_reason(self, seq: Sequence, tok: int) -> FinishReason | None:
         """Why the request ends after the token just sampled, or None while it goes on. Stop strings are not the
-        engine's: the text is made where the tokenizer lives (the ingress: protocol/detokenizer.py), which ends a
+        engine's: the text is made where the tokenizer lives (the ingress: ingress/output/detokenizer.py), which ends a
         request whose text matched one by aborting it."""
         p = seq.params
         if tok in p.stop_token_set or (not p.ignore_eos and tok in self.eos_ids):

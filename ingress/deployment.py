@@ -25,12 +25,12 @@ from ray.serve.handle import DeploymentHandle
 from ray.util.metrics import Counter
 
 from ingress.app import build_fastapi_app
-from ingress.backend import HandleBackend
 from ingress.edge.auth import with_keys
 from ingress.edge.metrics import IngressMetrics
 from ingress.live_app import LiveApp, runtime_settings
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
+from ingress.transport import HandleBackend
 from workers.replica import replica_label
 
 logger = logging.getLogger("ray.serve")

@@ -44,7 +44,7 @@ class IngressSettings:
     retry_deadline_s: float = _doc(60.0, "A request whose worker died before any byte was sent runs again on "
                                    "another (or the replacement) worker for up to this long after the failure; "
                                    "0: never.")
-    # coalesce.py: a short request's worker call costs as much serving CPU as its engine share on a GPU.
+    # transport/coalesce.py: a short request's worker call costs as much serving CPU as its engine share on a GPU.
     coalesce_max_in_flight: int = _doc(8, "Non-streamed worker calls one ingress replica has out at once before the "
                                        "scoring requests (max_tokens 0, token ids) that arrive meanwhile are sent "
                                        "together as one call. Keep it at least twice the most workers (fewer calls "

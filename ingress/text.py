@@ -4,7 +4,7 @@ the model folder the workers serve (ModelInfo.model_path), so that text never co
 Tokenizing prompts and chat messages, echoing prompts given as ids, the token texts of logprob entries and
 /tokenize, /detokenize, /tokenizer_info all run here, in a thread (a long text takes seconds and the event loop must
 keep streaming other answers). The workers take ids and return ids and logprobs: the generated text is decoded here,
-incrementally, and stop strings are matched here (ingress/answer_text.py), as vLLM's API server does; a match ends
+incrementally, and stop strings are matched here (ingress/output/), as vLLM's API server does; a match ends
 the worker's request through the abort path (the worker call is closed).
 
 The tokenizer is transformers' AutoTokenizer over the folder's tokenizer.json (the fast Rust tokenizer), exactly

@@ -40,7 +40,7 @@ class GenerateChunk:
 
     rid: str
     # The generated text: the worker leaves it empty (it returns ids and logprobs); the ingress writes it from
-    # output_ids with its own tokenizer, stop strings matched (ingress/answer_text.py).
+    # output_ids with its own tokenizer, stop strings matched (ingress/output/).
     text: str = field(default="", metadata=CONCAT)
     output_ids: list[int] = field(default_factory=list, metadata=CONCAT)
     finished: bool = False

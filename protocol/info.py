@@ -46,7 +46,7 @@ class ModelInfo:
     # The workers' model-info version: a digest of every field above and of the weights served (model_info_version),
     # so that every replica of one configuration tells the same. Each answer carries it (GenerateChunk.info_version):
     # the ingress asks again only when an answer's differs (a user_config change, a weight update) or when no answer
-    # has come for long (ingress/backend.py). "": not told (tests' fakes).
+    # has come for long (ingress/transport/worker_client.py). "": not told (tests' fakes).
     version: str = ""
 
     @property
@@ -123,7 +123,7 @@ class WorkerStats:
     # The weights this replica serves (POST /update_weights_from_disk).
     weight_version: str = DEFAULT_WEIGHT_VERSION
     # Unary calls (generate_whole) served and the requests they held: under load the ingress coalesces concurrent
-    # scoring requests into one call (ingress/coalesce.py), so requests / calls is how much it did.
+    # scoring requests into one call (ingress/transport/coalesce.py), so requests / calls is how much it did.
     whole_calls: int = 0
     whole_requests: int = 0
     # Streaming calls (generate) served: with whole_calls, every request-carrying call this replica took.

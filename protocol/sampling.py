@@ -41,7 +41,7 @@ class SamplingParams:
     min_p: float = 0.0
     # Same seed, same tokens, whatever else shares the batch.
     seed: int | None = None
-    # stop, skip_special_tokens, include_stop_str_in_output: the text side's (protocol/detokenizer.py, run in the
+    # stop, skip_special_tokens, include_stop_str_in_output: the text side's (ingress/output/detokenizer.py, run in the
     # ingress); the engine never reads them. It stops on stop_token_ids, EOS and length only.
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)

@@ -58,7 +58,7 @@ class EngineWorker:
     answers of several requests), `model_info`, `stats`, `check_adapter`, `adapters_registry` and `weights_registry`
     (the registries' actor handles); Serve calls
     `check_health` and `reconfigure` (user_config). It takes token ids and returns ids and logprobs: the text side
-    is the ingress's (ingress/text.py), stop strings included (ingress/answer_text.py: it closes the call to stop)."""
+    is the ingress's (ingress/text.py), stop strings included (ingress/output/: it closes the call to stop)."""
 
     def __init__(self, engine_config: dict[str, Any], model_name: str | None = None,
                  weight_updates: bool = False) -> None:
@@ -110,7 +110,7 @@ class EngineWorker:
         cfg = self._base_config.with_runtime(user_config)
         await asyncio.wrap_future(self.engine.reconfigure(cfg))
         # The ingress validates against these: every answer carries the info's version, and the ingress refreshes its
-        # copy when it differs (ingress/backend.py).
+        # copy when it differs (ingress/transport/worker_client.py).
         self.info = dataclasses.replace(self.info, prompt_chars_per_token=cfg.max_prompt_chars_per_token,
                                         max_queued_requests=cfg.max_queued_requests,
                                         max_queued_tokens=cfg.max_queued_tokens,

@@ -37,7 +37,7 @@ HTTP_SIDES = (("http 16 clients", "s16", 16, 1), ("http 16 clients, coalescing o
               (f"http batches of {BATCH}", "sb8", BATCH_CLIENTS, BATCH))
 SERVING = ("proxy", "ingress", "worker")
 # Deploy args of an app beyond the common ones: the same 16 clients with every request its own worker call (the
-# code before ingress/coalesce.py), side by side in the same run.
+# code before ingress/transport/coalesce.py), side by side in the same run.
 APP_ARGS: dict[str, dict[str, Any]] = {"s16off": {"coalesce_max_in_flight": 0}}
 
 
@@ -179,7 +179,8 @@ def measure(ctx: Context, url: str) -> tuple[list[Row], dict[str, Any]]:
 
 
 def _whole_counts(app: str) -> tuple[int, int]:
-    """The app's (one) worker's unary calls so far and the prompts they held (ingress/coalesce.py merges them)."""
+    """The app's (one) worker's unary calls so far and the prompts they held (ingress/transport/coalesce.py merges
+    them)."""
     from ray import serve
 
     st = serve.get_deployment_handle("EngineWorker", app_name=app).stats.remote().result(timeout_s=60)

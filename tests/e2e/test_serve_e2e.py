@@ -253,8 +253,8 @@ def test_a_batch_not_streamed_is_one_call_and_equals_its_stream(url: str, smollm
 
 def test_concurrent_single_scoring_requests_coalesce_and_stay_exact(url: str, smollm2_path) -> None:
     """48 concurrent one-prompt scoring requests, 6x the ingress's coalesce_max_in_flight (8): the ones that arrive
-    while 8 calls are out go to the workers together (ingress/coalesce.py), fewer worker calls than requests, and
-    every answer is its own prompt's rows, equal to transformers."""
+    while 8 calls are out go to the workers together (ingress/transport/coalesce.py), fewer worker calls than requests,
+    and every answer is its own prompt's rows, equal to transformers."""
     before = worker_stats(APP, samples=48)
     prompts = [(ids_of(24 + i % 9, 700 + i), i % 5) for i in range(48)]
 

@@ -174,7 +174,7 @@ def test_stop_conditions(tiny_models) -> None:
     out = eng.generate([ids], SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[third]))[0]
     assert out.new_token_ids == free.new_token_ids[:3]
     assert out.finish_reason.type == "stop" and out.finish_reason.matched == third
-    # Stop strings are the text side's (protocol/detokenizer.py, tests/protocol): the engine ignores them.
+    # Stop strings are the text side's (ingress/output/detokenizer.py, tests/ingress): the engine ignores them.
     s = eng.generate([ids], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=["a", "e", " "]))[0]
     assert s.new_token_ids == free.new_token_ids
     assert s.finish_reason.type == "length"

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from ingress.app import build_fastapi_app
-from ingress.backend import HandleBackend
+from ingress.transport import HandleBackend
 from workers.worker import EngineWorker
 
 _closing: set[asyncio.Future[None]] = set()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ingress.backend import HandleBackend
+from ingress.transport import HandleBackend
 from protocol import FinishReason, GenerateChunk, GenerateRequest, SamplingParams
 from tests.helpers.fakes import HANG, INFO, FakeHandle, FakeMethod
 
@@ -47,7 +47,7 @@ async def test_model_info_is_cached_after_first_success():
 async def test_model_info_is_asked_again_in_the_background_once_old(monkeypatch):
     """The workers' runtime limits (their user_config) reach the ingress: a copy older than MODEL_INFO_TTL_S is
     refreshed while the request goes on with the one held; a refresh that fails keeps it."""
-    monkeypatch.setattr("ingress.backend.MODEL_INFO_TTL_S", 0.0)
+    monkeypatch.setattr("ingress.transport.worker_client.MODEL_INFO_TTL_S", 0.0)
     newer = dataclasses.replace(INFO, max_top_logprobs=3)
     handle = FakeHandle()
     handle.model_info = FakeMethod([INFO], [RuntimeError("replica gone")], [newer])
@@ -81,7 +81,7 @@ async def test_refresh_and_warm_up_run_outside_the_request_context(monkeypatch):
     request's one call (checks/serve_calls.py)."""
     from ray.serve.context import _set_request_context
 
-    monkeypatch.setattr("ingress.backend.MODEL_INFO_TTL_S", 0.0)
+    monkeypatch.setattr("ingress.transport.worker_client.MODEL_INFO_TTL_S", 0.0)
     handle = FakeHandle()
     handle.model_info = _RouteSeen()
     backend = HandleBackend(handle)
@@ -191,7 +191,7 @@ async def test_ready():
 def test_ingress_never_imports_the_engine():
     # No engine module at all (the shared vocabulary is protocol/'s), never torch.
     code = (
-        "import sys, ingress.app, ingress.backend, ingress.deployment;"
+        "import sys, ingress.app, ingress.transport, ingress.deployment;"
         "bad = [m for m in sys.modules if m == 'engine' or m.startswith('engine.')"
         " or m == 'torch' or m.startswith('torch.')];"
         "assert not bad, bad;"

@@ -1,5 +1,5 @@
-"""The coalescer (ingress/coalesce.py) over a worker call that the test holds open: who goes alone, who waits and
-goes together, each caller's own answers back, and a caller that leaves."""
+"""The coalescer (ingress/transport/coalesce.py) over a worker call that the test holds open: who goes alone, who
+waits and goes together, each caller's own answers back, and a caller that leaves."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from ingress.coalesce import Coalescer
+from ingress.transport.coalesce import Coalescer
 from protocol import GenerateChunk, GenerateRequest, SamplingParams
 
 

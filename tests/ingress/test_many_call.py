@@ -1,7 +1,7 @@
 """HandleBackend.streams over a fake DeploymentHandle (no Ray): the requests of one HTTP request are one
-`generate_many` call, demultiplexed into one stream per request (ingress/many_call.py) that reads as `stream` does:
-the same chunks, the same translated errors in every stream still waiting, the call cancelled when one is left
-early and not when all have ended."""
+`generate_many` call, demultiplexed into one stream per request (ingress/transport/many_call.py) that reads as
+`stream` does: the same chunks, the same translated errors in every stream still waiting, the call cancelled when
+one is left early and not when all have ended."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ingress.backend import HandleBackend
 from ingress.errors import Overloaded, WorkerLost
+from ingress.transport import HandleBackend
 from protocol import FinishReason, GenerateChunk, GenerateRequest, SamplingParams
 from tests.helpers.fakes import HANG, INFO, FakeHandle, FakeMethod
 

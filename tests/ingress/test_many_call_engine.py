@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ingress.app import build_fastapi_app
-from ingress.backend import HandleBackend
+from ingress.transport import HandleBackend
 from tests.helpers.fakes import RawCall
 from tests.helpers.local_worker import LocalHandle, client_of, engine_idle
 from workers.worker import EngineWorker

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from ingress.app import build_fastapi_app
-from ingress.backend import HandleBackend
+from ingress.transport import HandleBackend
 from tests.helpers.fakes import INFO, FakeBackend
 from workers.many import merged
 

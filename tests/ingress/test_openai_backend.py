@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from ingress.backend import HandleBackend
+from ingress.transport import HandleBackend
 from tests.helpers.fakes import INFO, FakeHandle, FakeMethod
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi, who are you?"}]

@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from ingress.app import build_fastapi_app
-from ingress.backend import HandleBackend
 from ingress.errors import Overloaded, WorkerLost
 from ingress.retry import RetryBudget, RetryCounter
 from ingress.settings import IngressSettings
+from ingress.transport import HandleBackend
 from protocol import FinishReason, GenerateChunk, GenerateRequest
 from tests.helpers.fakes import SCORE, FakeBackend, FakeHandle, FakeMethod, FakeResponse, fake_model
 from tests.helpers.serve import sse_events

@@ -91,7 +91,7 @@ def test_admin_keys_from_the_environment() -> None:
 
 
 async def test_off_is_a_400_naming_the_field() -> None:
-    from ingress.backend import HandleBackend
+    from ingress.transport import HandleBackend
 
     backend = HandleBackend(FakeHandle(), weight_updates=False)  # type: ignore[arg-type]
     result = await backend.update_weights(WeightUpdate("/x"))

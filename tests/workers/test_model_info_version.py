@@ -1,6 +1,6 @@
 """The workers' model-info version on the real EngineWorker (in process, the embedded model): every answer carries
 it, and it moves with a user_config change and a weight update, so the ingress asks for ModelInfo only then
-(ingress/backend.py), never on a timer while answers come."""
+(ingress/transport/worker_client.py), never on a timer while answers come."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from ingress.output.detokenizer import REPLACEMENT, IncrementalDetokenizer
 from protocol import SamplingParams
-from protocol.detokenizer import REPLACEMENT, IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")

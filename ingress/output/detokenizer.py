@@ -12,8 +12,8 @@ come out as a whole decode gives them, at a cost that does not grow with the out
 a tokenizer that cleans up spaces cleans each window. (The engine decoded all the ids after every token, a cost
 that grows with the output.)
 
-The tokenizer is duck-typed (`decode(ids, skip_special_tokens=...)`): this module imports nothing, so the ingress
-and any other user share it without importing transformers or the engine.
+The tokenizer is duck-typed (`decode(ids, skip_special_tokens=...)`): importing this module loads neither
+transformers nor the engine. The output processor (processor.py) runs it on each delta.
 """
 
 from __future__ import annotations

@@ -4,23 +4,24 @@ A streamed HTTP request with several prompts is one admitted unit and one worker
 request (its first chunk decides the HTTP status, then the deltas as they come), so one reader of the call puts each
 tagged delta in its request's queue and each request's stream reads its own queue:
 
-    worker call ── reader task ─┬─ queue 0 ── member(0): its deltas, with their text (answer_text.py)
+    worker call ── reader task ─┬─ queue 0 ── member(0): its deltas, through the output processor (ingress/output/)
                                 ├─ queue 1 ── member(1)
                                 └─ ...
 
 The call is closed as a whole: a member that ends before its final chunk (closed, cancelled: the client left, the
 batch failed or ran out of time) cancels the call, which aborts every request of it in the worker. An error of the
 call (a worker that died, a queue that is full) is raised by every member still waiting, as `HandleBackend.stream`
-raises it. The reader starts when a member is first read: nothing is sent before.
+raises it (ray_calls.translated). The reader starts when a member is first read: nothing is sent before.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Sequence
 from typing import Any
 
-from ingress.answer_text import AnswerText
+from ingress.output.processor import OutputProcessor, Tokenizer
+from ingress.transport.ray_calls import cancel, translated
 from protocol import GenerateChunk, GenerateRequest
 
 # (position in the call, delta) pairs, as workers/many.py sends them.
@@ -31,18 +32,12 @@ _END = object()  # the call ended: a member that saw no final chunk ends without
 class ManyCall:
     """One worker call for `reqs`; `member(i)` is request i's stream."""
 
-    def __init__(self, reqs: Sequence[GenerateRequest],
-                 call: Callable[[list[GenerateRequest]], Any],
-                 tokenizer: Callable[[], Awaitable[Any]],
-                 translate: Callable[[Exception], Exception],
-                 cancel: Callable[[Any], None],
-                 seen: Callable[[GenerateChunk], None] = lambda chunk: None) -> None:
-        """`call`: the worker call's response (an async iterable of messages, with `cancel()`); `translate`: Ray's
-        errors as the ingress's; `cancel`: cancel a response, quietly; `seen`: each delta as it arrives (the
-        model-info version it carries)."""
+    def __init__(self, reqs: Sequence[GenerateRequest], call: Callable[[list[GenerateRequest]], Any],
+                 tokenizer: Tokenizer, seen: Callable[[GenerateChunk], None] = lambda chunk: None) -> None:
+        """`call`: the worker call's response (an async iterable of messages, with `cancel()`); `tokenizer`: the
+        output processor's; `seen`: each delta as it arrives (the model-info version it carries)."""
         self._reqs = list(reqs)
-        self._call, self._tokenizer = call, tokenizer
-        self._translate, self._cancel, self._seen = translate, cancel, seen
+        self._call, self._tokenizer, self._seen = call, tokenizer, seen
         self._queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in self._reqs]
         self._finished = [False] * len(self._reqs)
         self._reader: asyncio.Task[None] | None = None
@@ -53,7 +48,7 @@ class ManyCall:
     async def member(self, i: int) -> AsyncGenerator[GenerateChunk, None]:
         if self._reader is None:
             self._reader = asyncio.create_task(self._read())
-        answer: AnswerText | None = None
+        output = OutputProcessor(self._reqs[i].params, self._tokenizer)
         finished = False
         try:
             while True:
@@ -62,11 +57,7 @@ class ManyCall:
                     return
                 if isinstance(item, Exception):
                     raise item
-                chunk: GenerateChunk = item
-                if answer is None and chunk.output_ids:
-                    answer = AnswerText(await self._tokenizer(), self._reqs[i].params)
-                if answer is not None:
-                    chunk = answer.feed(chunk)
+                chunk: GenerateChunk = await output.feed(item)
                 finished = chunk.finished
                 yield chunk
                 if finished:
@@ -93,7 +84,7 @@ class ManyCall:
                     self._seen(chunk)
                     self._put(i, chunk)
         except Exception as exc:
-            error = self._translate(exc)
+            error = translated(exc)
             if error is not exc:
                 error.__cause__ = exc
             for i, queue in enumerate(self._queues):
@@ -104,7 +95,7 @@ class ManyCall:
                 queue.put_nowait(_END)
             # Reached when cancelled too (a member ended early): the worker aborts what is not finished.
             if response is not None and not all(self._finished):
-                self._cancel(response)
+                cancel(response)
 
     def _put(self, i: int, chunk: GenerateChunk) -> None:
         self._finished[i] = self._finished[i] or chunk.finished
