@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from ingress.errors import InvalidRequest, enforce
 from protocol import GenerateRequest, ModelInfo, SamplingParams
-from rulebook import rules
+from rulebook import pooling, rules
 
 # Modes in which input tokens can be scored: values come straight from the raw logits.
 SCORING_MODES = ("raw_logits", "raw_logprobs")
+
+
+def check_causal(info: ModelInfo, what: str) -> None:
+    """A route that generates or scores tokens (`what`), on a classifier: 400 naming the routes it serves."""
+    if info.classifier:
+        raise InvalidRequest(pooling.classifier_only(info.num_labels, what).message)
 
 
 def check_request(req: GenerateRequest, info: ModelInfo, *, with_generation: bool = False) -> None:

@@ -149,6 +149,11 @@ def finish_error(finish: FinishReason | None) -> IngressError | None:
     return ServerError(message, status=code if code is not None and 500 <= code < 600 else 500)
 
 
+def located(errors: Any, *where: Any) -> list[dict[str, Any]]:
+    """Pydantic's errors of a part of the body, located as FastAPI locates a body's (`body`, field, ...)."""
+    return [{**e, "loc": (*where, *e["loc"])} for e in errors]
+
+
 class JSONAnswer(JSONResponse):
     """JSONResponse that lets non-finite floats through as Python's json writes them (-Infinity, NaN).
 

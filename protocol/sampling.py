@@ -142,6 +142,11 @@ class SamplingParams:
         return rows * (1 + self.top_logprobs_num) + self.num_token_ids_entries(input_rows)
 
 
+def stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    """A client's `stop` (one string, a list, or none) as SamplingParams.stop: every dialect's parse calls this."""
+    return [stop] if isinstance(stop, str) else list(stop or [])
+
+
 def split_token_ids(value: Sequence[int | list[int]] | None) -> tuple[list[int] | None, list[list[int]] | None]:
     """A client's token_ids_logprob as (token_ids_logprob, token_id_rows), copied: a list of ids asks them at every
     row, a list of lists one list per scored row (the rulebook refuses a mix before this is called)."""

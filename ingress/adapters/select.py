@@ -10,6 +10,7 @@ from ingress.backend import Backend
 from ingress.errors import InvalidRequest, NotFound
 from protocol import ModelInfo
 from rulebook.adapters import UNKNOWN_ADAPTER, UNKNOWN_MODEL
+from rulebook.sglang import LORA_PATHS_DIFFER
 
 if TYPE_CHECKING:
     from ingress.lifecycle import Batch
@@ -32,6 +33,16 @@ async def adapter_for_model(backend: Backend, model: str | None, info: ModelInfo
     if model in paths:
         return model, paths[model]
     raise NotFound(UNKNOWN_MODEL.format(model=model, served=info.model_name, loaded=sorted(paths)), param="model")
+
+
+def lora_name(lora_path: str | list[str | None] | None) -> str | None:
+    """SGLang's lora_path: one name, or one per item (which must all be the same: a request runs with one)."""
+    if lora_path is None or isinstance(lora_path, str):
+        return lora_path
+    names = set(lora_path)
+    if len(names) > 1:
+        raise InvalidRequest(LORA_PATHS_DIFFER, param="lora_path")
+    return names.pop() if names else None
 
 
 async def adapter_by_name(backend: Backend, name: str | None, param: str) -> tuple[str, str] | None:

@@ -12,12 +12,6 @@ _VLLM_FIELDS = frozenset({"model", "input", "use_activation", "add_special_token
 _SGLANG_FIELDS = frozenset({"text", "input_ids", "rid"})
 
 
-def check_causal(info: ModelInfo, what: str) -> None:
-    """A route that generates or scores tokens, on a classifier: 400 naming the routes it serves."""
-    if info.classifier:
-        raise InvalidRequest(pooling.classifier_only(info.num_labels, what).message)
-
-
 def check_classifier(info: ModelInfo, route: str) -> None:
     if not info.classifier:
         raise InvalidRequest(pooling.not_a_classifier(route).message)

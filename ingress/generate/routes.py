@@ -15,12 +15,11 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from ingress.adapters.select import adapter_by_name
+from ingress.adapters.select import adapter_by_name, lora_name
 from ingress.backend import Backend
-from ingress.canonical import check_tokenized
-from ingress.classify.validation import check_causal
+from ingress.canonical import check_causal, check_tokenized
 from ingress.edge.openapi import error_responses
-from ingress.errors import IngressError, InvalidRequest, JSONAnswer
+from ingress.errors import IngressError, InvalidRequest, JSONAnswer, located
 from ingress.generate.render import chunk_json, error_json, sse_event
 from ingress.generate.schemas import ErrorBody as ErrorModel
 from ingress.generate.schemas import GenerateBody, GenerateResponse
@@ -36,7 +35,6 @@ from protocol import GenerateChunk, GenerateRequest, ModelInfo
 from rulebook import generate_fields, rules
 from rulebook import sglang as sg
 from rulebook.adapters import ADAPTER_TWICE
-from rulebook.sglang import LORA_PATHS_DIFFER
 
 
 def body_schema() -> dict[str, Any]:
@@ -61,14 +59,14 @@ class GenerateRoutes:
             except IngressError as exc:
                 return self._lifecycle.answer(exc)
             except ValidationError as exc:
-                raise RequestValidationError(_in_body(exc.errors(include_url=False))) from exc
+                raise RequestValidationError(located(exc.errors(include_url=False), "body")) from exc
             except SamplingTypeError as exc:
-                raise RequestValidationError(_in_body(exc.errors)) from exc
+                raise RequestValidationError(located(exc.errors, "body")) from exc
             return await self._sglang.generate(parsed, request)
         try:
             body = GenerateBody.model_validate(raw)
         except ValidationError as exc:
-            raise RequestValidationError(_in_body(exc.errors(include_url=False))) from exc
+            raise RequestValidationError(located(exc.errors(include_url=False), "body")) from exc
         undeclared = (generate_fields.undeclared_field(name, value) for name, value in raw.items()
                       if name not in GenerateBody.model_fields)
         broken = next((v for v in undeclared if v is not None), None)
@@ -125,17 +123,7 @@ def _adapter_field(body: GenerateBody) -> tuple[str | None, str]:
     for every item: a request runs with one adapter)."""
     if body.adapter is not None and body.lora_path is not None:
         raise InvalidRequest(ADAPTER_TWICE, param="lora_path")
-    if body.lora_path is None or isinstance(body.lora_path, str):
-        return (body.adapter, "adapter") if body.adapter is not None else (body.lora_path, "lora_path")
-    names = set(body.lora_path)
-    if len(names) > 1:
-        raise InvalidRequest(LORA_PATHS_DIFFER, param="lora_path")
-    return names.pop() if names else None, "lora_path"
-
-
-def _in_body(errors: Any) -> list[dict[str, Any]]:
-    """Pydantic's errors located as FastAPI locates a body's (`body`, field, ...)."""
-    return [{**e, "loc": ("body", *e["loc"])} for e in errors]
+    return (body.adapter, "adapter") if body.adapter is not None else (lora_name(body.lora_path), "lora_path")
 
 
 async def _events(firsts: list[GenerateChunk], batch: Batch, indexed: bool, flat: bool = False

@@ -17,7 +17,7 @@ from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, enforce
 from ingress.generate.schemas import GenerateBody
 from protocol import GenerateRequest, ModelInfo, SamplingParams
-from protocol.sampling import split_token_ids
+from protocol.sampling import split_token_ids, stop_list
 from rulebook import rules
 
 
@@ -79,7 +79,7 @@ def sampling_params(body: GenerateBody) -> SamplingParams:
     flat_ids, row_ids = split_token_ids(body.token_ids_logprob)
     return SamplingParams(
         max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-        min_p=body.min_p, seed=body.seed, stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
+        min_p=body.min_p, seed=body.seed, stop=stop_list(body.stop),
         stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
         skip_special_tokens=body.skip_special_tokens, include_stop_str_in_output=body.include_stop_str_in_output,
         return_logprob=bool(body.return_logprob), logprob_start_len=body.logprob_start_len,

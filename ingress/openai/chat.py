@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from ingress.adapters.select import served_model
 from ingress.backend import Backend
-from ingress.classify.validation import check_causal
+from ingress.canonical import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer, enforce
 from ingress.images import ImageBlob, expanded, image_limits, vision_ids
@@ -34,7 +34,6 @@ from ingress.openai.validation import (
     VllmFields,
     check_fields,
     check_logprobs,
-    check_model,
     check_prompt,
     include_usage,
     sampling_params,
@@ -77,9 +76,9 @@ class ChatSettings:
 
 
 def validate_chat(body: ChatBody, info: ModelInfo) -> ChatSettings:
-    """Raise InvalidRequest (or NotFound) for the first rule the body breaks; return its settings otherwise."""
+    """Raise InvalidRequest for the first rule the body breaks (its `model` is served_model's to check); return its
+    settings otherwise."""
     check_fields(body)
-    check_model(body.model, info)
     messages, images = template_messages(body.messages)
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -161,7 +160,7 @@ class ChatRoutes:
 
     async def _chat(self, body: ChatBody, batch: Batch) -> Response:
         info = await served_model(self._backend, batch, body.model)
-        settings = validate_chat(body.model_copy(update={"model": None}), info)
+        settings = validate_chat(body, info)
         check_causal(info, "/v1/chat/completions")
         images: list[ImageData] = []
         if settings.images:

@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from ingress.adapters.select import served_model
 from ingress.backend import Backend
-from ingress.classify.validation import check_causal
+from ingress.canonical import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer, enforce
 from ingress.lifecycle import Batch, Lifecycle, all_or_none
@@ -32,7 +32,6 @@ from ingress.openai.validation import (
     VllmFields,
     check_fields,
     check_logprobs,
-    check_model,
     check_prompt,
     check_text,
     include_usage,
@@ -63,10 +62,10 @@ class CompletionSettings:
 
 
 def validate_completion(body: CompletionBody, info: ModelInfo) -> CompletionSettings:
-    """Raise InvalidRequest (or NotFound) for the first rule the body breaks; return its settings otherwise.
+    """Raise InvalidRequest for the first rule the body breaks (its `model` is served_model's to check); return its
+    settings otherwise.
     Prompt contents are checked later, once text prompts are tokenized (`check_prompt`)."""
     check_fields(body)
-    check_model(body.model, info)
     _check_prompt_not_empty(body.prompt)
     echo = bool(body.echo)
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
@@ -126,7 +125,7 @@ class CompletionRoutes:
 
     async def _complete(self, body: CompletionBody, batch: Batch) -> Response:
         info = await served_model(self._backend, batch, body.model)
-        settings = validate_completion(body.model_copy(update={"model": None}), info)
+        settings = validate_completion(body, info)
         check_causal(info, "/v1/completions")
         items = prompt_items(body.prompt)
         batch.check_fan_out(len(items))  # counted from the body: before any text is tokenized

@@ -25,12 +25,12 @@ from starlette.responses import Response
 
 from ingress.adapters.select import served_model
 from ingress.backend import Backend
-from ingress.classify.validation import check_causal
+from ingress.canonical import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer, enforce
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.openai.schemas.score import ScoreBody
-from ingress.openai.validation import check_model, check_text
+from ingress.openai.validation import check_text
 from protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams, compact
 from rulebook import limits
 from rulebook import openai as msg
@@ -38,8 +38,8 @@ from rulebook.rules import TOKEN_OUT_OF_RANGE
 
 
 def validate_score(body: ScoreBody, info: ModelInfo) -> tuple[str | list[int], list[str] | list[list[int]]]:
-    """The body's query and items (a lone text item as a list of one), or InvalidRequest / NotFound."""
-    check_model(body.model, info)
+    """The body's query and items (a lone text item as a list of one), or InvalidRequest (its `model` is served_model's
+    to check)."""
     labels = body.label_token_ids
     if not labels:
         raise InvalidRequest(msg.NO_LABELS, param="label_token_ids")
@@ -112,7 +112,7 @@ class ScoreRoutes:
 
     async def _score(self, body: ScoreBody, batch: Batch) -> Response:
         info = await served_model(self._backend, batch, body.model)
-        query, items = validate_score(body.model_copy(update={"model": None}), info)
+        query, items = validate_score(body, info)
         check_causal(info, "/v1/score")
         labels = body.label_token_ids or []
         # Counted from the body, before any text is tokenized: one worker request per item, one row reporting every

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from ingress.errors import InvalidRequest, NotFound, enforce
 from ingress.openai.schemas.common import SamplingFields
 from protocol import ModelInfo, SamplingParams
+from protocol.sampling import stop_list
 from rulebook import openai as msg
 from rulebook import openai_fields, rules, vllm_generate
 
@@ -108,7 +109,7 @@ def sampling_params(body: SamplingFields, info: ModelInfo, max_tokens: int, k: i
         max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p, top_k=-1 if body.top_k is None else body.top_k,
         min_p=0.0 if body.min_p is None else body.min_p, seed=body.seed,
-        stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
+        stop=stop_list(body.stop),
         stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
         skip_special_tokens=body.skip_special_tokens, include_stop_str_in_output=body.include_stop_str_in_output,
         return_logprob=k is not None, top_logprobs_num=k or 0,

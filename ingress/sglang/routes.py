@@ -16,9 +16,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.adapters.select import adapter_by_name
+from ingress.adapters.select import adapter_by_name, lora_name
 from ingress.backend import Backend
-from ingress.errors import InvalidRequest, JSONAnswer, enforce
+from ingress.errors import JSONAnswer, enforce
 from ingress.images import image_limits
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.sglang.render import Texts, answer_json, token_ids_needed
@@ -26,17 +26,6 @@ from ingress.sglang.translate import Item, Parsed, build, image_blobs
 from ingress.sse import SSE_DONE, sse_data
 from protocol import GenerateChunk, ImageData, ModelInfo, merge_outputs
 from rulebook import images as img
-from rulebook.sglang import LORA_PATHS_DIFFER
-
-
-def _lora_name(lora_path: str | list[str | None] | None) -> str | None:
-    """SGLang's lora_path: one name, or one per item (which must all be the same: a request runs with one)."""
-    if lora_path is None or isinstance(lora_path, str):
-        return lora_path
-    names = set(lora_path)
-    if len(names) > 1:
-        raise InvalidRequest(LORA_PATHS_DIFFER, param="lora_path")
-    return names.pop() if names else None
 
 
 class SGLangGenerate:
@@ -52,7 +41,7 @@ class SGLangGenerate:
 
     async def _work(self, parsed: Parsed, batch: Batch, started: float) -> Response:
         info = await self._backend.model_info()
-        batch.adapter = await adapter_by_name(self._backend, _lora_name(parsed.body.lora_path), "lora_path")
+        batch.adapter = await adapter_by_name(self._backend, lora_name(parsed.body.lora_path), "lora_path")
         images = await self._images(parsed, info, batch)
         items = await build(parsed, info, lambda text: self._backend.tokenize(text), images)
         requests = [item.request for item in items]

@@ -20,11 +20,11 @@ from pydantic import ValidationError
 
 from ingress.canonical import check_request
 from ingress.edge.request_record import current_request_id
-from ingress.errors import InvalidRequest, enforce
+from ingress.errors import InvalidRequest, enforce, located
 from ingress.images import ImageBlob, expanded, from_image_data
 from ingress.sglang.schemas import SGLangBody, SGLangSampling
 from protocol import GenerateRequest, ImageData, ModelInfo, SamplingParams
-from protocol.sampling import split_token_ids
+from protocol.sampling import split_token_ids, stop_list
 from rulebook import images as img
 from rulebook import rules
 from rulebook import sglang as sg
@@ -80,7 +80,7 @@ def parse(raw: dict[str, Any]) -> Parsed:
             samplings.append(SGLangSampling.model_validate(d))
         except ValidationError as exc:
             where = ("sampling_params", i) if isinstance(raw_sampling, list) else ("sampling_params",)
-            raise _located(exc, where) from exc
+            raise SamplingTypeError(located(exc.errors(include_url=False), *where)) from exc
     return Parsed(body, samplings, single, items)
 
 
@@ -90,10 +90,6 @@ class SamplingTypeError(Exception):
     def __init__(self, errors: list[dict[str, Any]]) -> None:
         super().__init__("sampling_params")
         self.errors = errors
-
-
-def _located(exc: ValidationError, where: tuple[Any, ...]) -> SamplingTypeError:
-    return SamplingTypeError([{**e, "loc": (*where, *e["loc"])} for e in exc.errors(include_url=False)])
 
 
 def image_blobs(parsed: Parsed) -> list[list[ImageBlob]]:
@@ -243,7 +239,7 @@ async def _item(parsed: Parsed, i: int, prompt: Any, token_ids: Any, rid: str, i
         top_p=sp.top_p if sp.top_p is not None else 1.0,
         top_k=-1 if top_k >= info.vocab_size else top_k,  # SGLang's "whole vocabulary" is 1 << 30
         min_p=sp.min_p if sp.min_p is not None else 0.0, seed=sp.sampling_seed,
-        stop=[sp.stop] if isinstance(sp.stop, str) else list(sp.stop or []),
+        stop=stop_list(sp.stop),
         stop_token_ids=list(sp.stop_token_ids or []), ignore_eos=bool(sp.ignore_eos),
         skip_special_tokens=sp.skip_special_tokens is not False, include_stop_str_in_output=bool(sp.no_stop_trim))
     request = GenerateRequest(rid=rid, input_ids=ids, params=params, images=images or None)

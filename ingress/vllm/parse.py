@@ -28,6 +28,7 @@ from ingress.images import expanded
 from ingress.vllm.schemas import TokenGenerateBody
 from protocol import GenerateRequest, ImageData, ModelInfo, SamplingParams
 from protocol.images import placeholder_runs
+from protocol.sampling import stop_list
 from rulebook import images as img
 from rulebook import vllm_generate as vg
 
@@ -105,7 +106,7 @@ def parse(body: TokenGenerateBody, info: ModelInfo, max_logprobs: int,
         max_tokens=max_tokens, temperature=1.0 if sp.temperature is None else sp.temperature,
         top_p=1.0 if sp.top_p is None else sp.top_p, top_k=-1 if sp.top_k is None else sp.top_k,
         min_p=0.0 if sp.min_p is None else sp.min_p, seed=None if sp.seed in (None, -1) else sp.seed,
-        stop=[sp.stop] if isinstance(sp.stop, str) else list(sp.stop or []),
+        stop=stop_list(sp.stop),
         stop_token_ids=list(dict.fromkeys(sp.stop_token_ids or [])), ignore_eos=bool(sp.ignore_eos),
         skip_special_tokens=sp.skip_special_tokens is not False,
         include_stop_str_in_output=bool(sp.include_stop_str_in_output),

@@ -15,8 +15,8 @@ from starlette.responses import Response
 
 from ingress.adapters.select import served_model
 from ingress.backend import Backend
-from ingress.classify.validation import check_causal
-from ingress.errors import IngressError, InvalidRequest, JSONAnswer, enforce
+from ingress.canonical import check_causal
+from ingress.errors import IngressError, InvalidRequest, JSONAnswer, enforce, located
 from ingress.images import image_limits
 from ingress.lifecycle import Batch, Lifecycle
 from ingress.openai.render.stream import openai_events, token_texts
@@ -31,10 +31,6 @@ from rulebook import images as img
 from rulebook import vllm_generate as vg
 
 ROUTE = "/inference/v1/generate"
-
-
-def _in_body(errors: Any) -> list[dict[str, Any]]:
-    return [{**e, "loc": ("body", *e["loc"])} for e in errors]
 
 
 class TokenRoutes:
@@ -52,7 +48,7 @@ class TokenRoutes:
         try:
             body = TokenGenerateBody.model_validate(raw)
         except ValidationError as exc:
-            raise RequestValidationError(_in_body(exc.errors(include_url=False))) from exc
+            raise RequestValidationError(located(exc.errors(include_url=False), "body")) from exc
         return await self._lifecycle.run(request, lambda batch: self._work(body, batch))
 
     async def _work(self, body: TokenGenerateBody, batch: Batch) -> Response:
@@ -101,7 +97,7 @@ class TokenRoutes:
         try:
             body = AbortRequestsBody.model_validate(raw)
         except ValidationError as exc:
-            raise RequestValidationError(_in_body(exc.errors(include_url=False))) from exc
+            raise RequestValidationError(located(exc.errors(include_url=False), "body")) from exc
         if body.request_ids is None:
             return self._lifecycle.answer(InvalidRequest(vg.ABORT_IDS, param="request_ids"))
         for rid in body.request_ids:
