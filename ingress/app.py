@@ -83,7 +83,8 @@ def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
     app.add_api_route("/health", health, methods=["GET"], response_model=None,
                       summary="Ready when the ingress and at least one worker answer; says when generation is paused",
                       responses={200: {"model": HealthBody}, 503: {"model": HealthBody}})
-    # /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info (openai/router.py).
+    # /v1/completions, /v1/chat/completions, /v1/score, /classify, /pooling, /inference/v1/generate,
+    # /inference/v1/abort_requests, /v1/models, /tokenize, /detokenize, /tokenizer_info (openai/router.py).
     app.include_router(openai_router(backend, settings, retries))
     # /update_weights_from_disk, /flush_cache, /model_info (weights/routes.py).
     app.include_router(weights_router(backend))

@@ -46,7 +46,7 @@ class IngressSettings:
                                    "0: never.")
     # transport/coalesce.py: a short request's worker call costs as much serving CPU as its engine share on a GPU.
     coalesce_max_in_flight: int = _doc(8, "Non-streamed worker calls one ingress replica has out at once before the "
-                                       "scoring requests (max_tokens 0, token ids) that arrive meanwhile are sent "
+                                       "scoring requests (max_tokens 0) that arrive meanwhile are sent "
                                        "together as one call. Keep it at least twice the most workers (fewer calls "
                                        "than workers leave some idle); 0: every request its own call.")
     coalesce_max_tokens: int = _doc(2048, "Most prompt tokens in one coalesced worker call; a scoring request "

@@ -28,7 +28,7 @@ from ingress.lifecycle import Batch, Lifecycle
 from ingress.limits import check_limits
 from ingress.openai.render.chat import ChatChoice
 from ingress.openai.render.common import completion_json, usage_json
-from ingress.openai.render.stream import openai_events, token_texts
+from ingress.openai.render.stream import openai_events
 from ingress.openai.schemas.chat import ChatBody, ChatMessage
 from ingress.openai.validation import (
     VllmFields,
@@ -40,6 +40,7 @@ from ingress.openai.validation import (
     scoring_params,
     vllm_fields,
 )
+from ingress.output.token_texts import token_texts
 from ingress.sse import sse_data
 from ingress.text import IMAGE_MARKER
 from ingress.vllm.media import part_image

@@ -26,7 +26,7 @@ from ingress.lifecycle import Batch, Lifecycle, all_or_none
 from ingress.limits import check_limits
 from ingress.openai.render.common import completion_json, echo_only_chunk, usage_json
 from ingress.openai.render.completions import ChoiceBuilder
-from ingress.openai.render.stream import openai_events, token_texts
+from ingress.openai.render.stream import openai_events
 from ingress.openai.schemas.completions import CompletionBody
 from ingress.openai.validation import (
     VllmFields,
@@ -39,6 +39,7 @@ from ingress.openai.validation import (
     scoring_params,
     vllm_fields,
 )
+from ingress.output.token_texts import token_texts
 from ingress.sse import sse_data
 from protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
 from rulebook import openai as msg

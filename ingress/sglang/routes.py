@@ -21,6 +21,7 @@ from ingress.backend import Backend
 from ingress.errors import JSONAnswer, enforce
 from ingress.images import image_limits
 from ingress.lifecycle import Batch, Lifecycle
+from ingress.output.token_texts import token_texts
 from ingress.sglang.render import Texts, answer_json, token_ids_needed
 from ingress.sglang.translate import Item, Parsed, build, image_blobs
 from ingress.sse import SSE_DONE, sse_data
@@ -73,10 +74,7 @@ class SGLangGenerate:
         ids: set[int] = set()
         for item, chunk in zip(items, chunks, strict=True):
             ids |= token_ids_needed(item, chunk)
-        if not ids:
-            return None
-        ordered = sorted(ids)
-        return dict(zip(ordered, await self._backend.token_texts(ordered), strict=True))
+        return await token_texts(self._backend, ids) if ids else None
 
     async def _events(self, items: list[Item], firsts: list[GenerateChunk], batch: Batch, as_list: bool,
                       started: float, flat: bool) -> AsyncGenerator[str, None]:

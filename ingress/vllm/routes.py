@@ -19,7 +19,8 @@ from ingress.canonical import check_causal
 from ingress.errors import IngressError, InvalidRequest, JSONAnswer, enforce, located
 from ingress.images import image_limits
 from ingress.lifecycle import Batch, Lifecycle
-from ingress.openai.render.stream import openai_events, token_texts
+from ingress.openai.render.stream import openai_events
+from ingress.output.token_texts import token_texts
 from ingress.sse import sse_data
 from ingress.vllm import render
 from ingress.vllm.media import content_part_blobs

@@ -1,5 +1,5 @@
-"""What the OpenAI routes (completions, chat completions) share to answer: the token texts their logprobs
-name, and the SSE stream of a batch's chunks in OpenAI's framing.
+"""What the OpenAI routes (completions, chat completions) share to answer: the SSE stream of a batch's chunks in
+OpenAI's framing.
 
 A stream's status is 200 once its first event is out, so a failure after that (a worker's `error` finish, a
 worker that died) is OpenAI's in-band error event, then `[DONE]`: OpenAI has no `error` finish reason.
@@ -11,7 +11,6 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
-from ingress.backend import Backend
 from ingress.errors import IngressError, ServerError, finish_error, worker_failed
 from ingress.lifecycle import Batch
 from ingress.openai.render.common import error_json
@@ -20,14 +19,6 @@ from protocol import GenerateChunk
 
 logger = logging.getLogger(__name__)
 Event = Callable[[int, GenerateChunk], Awaitable[str]]
-
-
-async def token_texts(backend: Backend, ids: set[int]) -> dict[int, str]:
-    """Each id's text, decoded alone by the served tokenizer (one call for all of them)."""
-    if not ids:
-        return {}
-    order = sorted(ids)
-    return dict(zip(order, await backend.token_texts(order), strict=True))
 
 
 async def openai_events(cid: str, firsts: Sequence[GenerateChunk], batch: Batch, event: Event,
