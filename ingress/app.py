@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from ingress.adapters.routes import adapters_router
 from ingress.backend import Backend
+from ingress.classify.router import classify_router
 from ingress.edge.middleware import GuardMiddleware, route_path
 from ingress.edge.request_id import RequestIdMiddleware
 from ingress.edge.request_record import RecordingBackend, RequestRecord
@@ -26,6 +27,7 @@ from ingress.openai.router import openai_router
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
 from ingress.vllm.rl_routes import rl_router
+from ingress.vllm.router import token_router
 from ingress.weights.control import control_router
 from ingress.weights.routes import weights_router
 
@@ -83,9 +85,13 @@ def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
     app.add_api_route("/health", health, methods=["GET"], response_model=None,
                       summary="Ready when the ingress and at least one worker answer; says when generation is paused",
                       responses={200: {"model": HealthBody}, 503: {"model": HealthBody}})
-    # /v1/completions, /v1/chat/completions, /v1/score, /classify, /pooling, /inference/v1/generate,
-    # /inference/v1/abort_requests, /v1/models, /tokenize, /detokenize, /tokenizer_info (openai/router.py).
+    # /v1/completions, /v1/chat/completions, /v1/score, /v1/models, /tokenize, /detokenize, /tokenizer_info
+    # (openai/router.py).
     app.include_router(openai_router(backend, settings, retries))
+    # /classify, /pooling (classify/router.py).
+    app.include_router(classify_router(backend, settings, retries))
+    # /inference/v1/generate, /inference/v1/abort_requests: vLLM's token route (vllm/router.py).
+    app.include_router(token_router(backend, settings, retries))
     # /update_weights_from_disk, /flush_cache, /model_info (weights/routes.py).
     app.include_router(weights_router(backend))
     # /v1/load_lora_adapter, /v1/unload_lora_adapter, /load_lora_adapter, /unload_lora_adapter (adapters/routes.py).
