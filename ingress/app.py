@@ -21,7 +21,7 @@ from ingress.errors import InvalidRequest, JSONAnswer, NotFound, bounded_errors
 from ingress.generate.render import error_json
 from ingress.generate.routes import generate_router
 from ingress.generate.schemas import HealthBody
-from ingress.lifecycle import ErrorBody
+from ingress.lifecycle import ErrorBody, Lifecycle
 from ingress.openai.render.common import error_json as openai_error_json
 from ingress.openai.router import openai_router
 from ingress.retry import RetryCounter
@@ -88,10 +88,11 @@ def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
     # /v1/completions, /v1/chat/completions, /v1/score, /v1/models, /tokenize, /detokenize, /tokenizer_info
     # (openai/router.py).
     app.include_router(openai_router(backend, settings, retries))
-    # /classify, /pooling (classify/router.py).
-    app.include_router(classify_router(backend, settings, retries))
-    # /inference/v1/generate, /inference/v1/abort_requests: vLLM's token route (vllm/router.py).
-    app.include_router(token_router(backend, settings, retries))
+    # /classify, /pooling (classify/router.py) and vLLM's token route /inference/v1/generate,
+    # /inference/v1/abort_requests (vllm/router.py): OpenAI's error body, as the routes above.
+    openai_shaped = Lifecycle(backend, openai_error_json, settings, retries)
+    app.include_router(classify_router(backend, openai_shaped))
+    app.include_router(token_router(backend, openai_shaped))
     # /update_weights_from_disk, /flush_cache, /model_info (weights/routes.py).
     app.include_router(weights_router(backend))
     # /v1/load_lora_adapter, /v1/unload_lora_adapter, /load_lora_adapter, /unload_lora_adapter (adapters/routes.py).

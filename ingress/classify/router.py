@@ -10,15 +10,11 @@ from ingress.classify.routes import ClassifyRoutes
 from ingress.classify.schemas import ClassificationResponse, PoolingResponse, SGLangClassifyAnswer
 from ingress.edge.openai_route import MODEL_ERRORS, OpenAIRoute
 from ingress.lifecycle import Lifecycle
-from ingress.openai.render.common import error_json
-from ingress.retry import RetryCounter
-from ingress.settings import IngressSettings
 
 
-def classify_router(backend: Backend, settings: IngressSettings | None = None,
-                    retries: RetryCounter | None = None) -> APIRouter:
-    """The classifier's routes over `backend`, for `app.include_router`."""
-    classify = ClassifyRoutes(backend, Lifecycle(backend, error_json, settings, retries))
+def classify_router(backend: Backend, lifecycle: Lifecycle) -> APIRouter:
+    """The classifier's routes over `backend`, for `app.include_router`; `lifecycle` writes OpenAI's error body."""
+    classify = ClassifyRoutes(backend, lifecycle)
     router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI-compatible"])
     router.add_api_route(
         "/classify", classify.classify, methods=["POST"], response_model=None,

@@ -9,18 +9,14 @@ from ingress.backend import Backend
 from ingress.edge.openai_route import MODEL_ERRORS, OpenAIRoute
 from ingress.edge.openapi import error_responses
 from ingress.lifecycle import Lifecycle
-from ingress.openai.render.common import error_json
 from ingress.openai.schemas.common import OpenAIErrorBody
-from ingress.retry import RetryCounter
-from ingress.settings import IngressSettings
 from ingress.vllm.routes import TokenRoutes
 from ingress.vllm.schemas import TokenGenerateResponse
 
 
-def token_router(backend: Backend, settings: IngressSettings | None = None,
-                 retries: RetryCounter | None = None) -> APIRouter:
-    """vLLM's token routes over `backend`, for `app.include_router`."""
-    tokens = TokenRoutes(backend, Lifecycle(backend, error_json, settings, retries))
+def token_router(backend: Backend, lifecycle: Lifecycle) -> APIRouter:
+    """vLLM's token routes over `backend`, for `app.include_router`; `lifecycle` writes OpenAI's error body."""
+    tokens = TokenRoutes(backend, lifecycle)
     router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI-compatible"])
     router.add_api_route(
         "/inference/v1/generate", tokens.generate, methods=["POST"], response_model=None,
