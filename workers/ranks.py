@@ -86,7 +86,8 @@ def end_replica(error: BaseException) -> None:
     replica dead to its callers, the ingress runs again each request of which no byte was sent (ingress/retry.py),
     Serve replaces the replica with its placement group, and the rank actors, owned by this process, die with it."""
     log.error("split worker: engine loop died (%s: %s); ending the replica", type(error).__name__, error)
-    logging.shutdown()
+    for handler in logging.getLogger().handlers:  # flush only: shutting logging down could wait on another thread
+        handler.flush()
     os._exit(1)
 
 
