@@ -1,8 +1,8 @@
 """Pipeline parallelism at engine level, without Ray: the ranks of pipeline_parallel_size stages spawned on one gloo
 group (tests/helpers/tp.py). Every row equals transformers' float32 forward and the same engine on one device within
 1e-4: chunked prefill, scoring with top-k, greedy and seeded sampling in one batch, prefix-cache hits through rank
-0's hidden-state store, at PP 2 (one rank per stage) and TP 2 x PP 2 (dense Llama), and Qwen3-MoE at PP 2 with an
-uneven cut (3 layers: 1 + 2)."""
+0's hidden-state store, at PP 2 (one rank per stage) and TP 2 x PP 2 (dense Llama), and Qwen3-MoE and DeepSeek-V3
+at PP 2 with an uneven cut (3 layers: 1 + 2)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tests.engine.test_tensor_parallel import ATOL, CFG, _check_scoring
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
 from tests.helpers.families import family_path
 from tests.helpers.reference import hf_logits
+from tests.helpers.tiny_deepseek_v3 import build_deepseek_v3
 from tests.helpers.tp import run_split
 
 
@@ -68,9 +69,12 @@ def test_dense_stages_equal_transformers_and_one_device(tiny_models, size: int, 
     _check(tiny_models["llama"], size, stages)
 
 
-def test_moe_stages_equal_transformers() -> None:
-    """Qwen3-MoE at PP 2: its 3 layers cut 1 + 2 (the sparse, dense, sparse layers: both kinds cross the cut)."""
-    _check(family_path("qwen3-moe"), 2, 2)
+@pytest.mark.parametrize("family", ["qwen3-moe", "dsv3"])
+def test_moe_stages_equal_transformers(tmp_path: Path, family: str) -> None:
+    """PP 2, each 3 layers cut 1 + 2. Qwen3-MoE: sparse, dense, sparse layers (both kinds cross the cut).
+    DeepSeek-V3: a dense layer then two MoE ones, its latent cache (one vector per token and layer) per stage."""
+    path = family_path(family) if family != "dsv3" else build_deepseek_v3(tmp_path / "dsv3", "dsv3")
+    _check(path, 2, 2)
 
 
 def test_stage_cut() -> None:
