@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -38,7 +39,9 @@ from workers.ranks import RANK_PREFIX  # noqa: E402
 
 APP = "pp"
 LOAD_S = 240.0  # the most the fault phase runs
-NODE = dict(num_cpus=1, num_gpus=1, node_ip_address="127.0.0.1")
+# A Ray temp dir of this run's own (sessions, sockets, logs). Short: Ray's socket paths must stay under 107 bytes.
+TEMP_DIR = tempfile.mkdtemp(prefix="rsp", dir="/tmp")
+NODE = dict(num_cpus=1, num_gpus=1, node_ip_address="127.0.0.1", temp_dir=TEMP_DIR)
 
 
 def _free_port() -> int:
@@ -146,8 +149,16 @@ def fault(cluster: Cluster, node: Any, url: str, path: Path) -> dict[str, Any]:
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="rayscore-pp-"))
     path = build_tiny_model(root / "llama", "llama")
+    # Cluster records its head in the machine's Ray address file, which a plain ray.init() of any other process
+    # here joins: what was there is put back at once.
+    address_file = Path(ray._private.utils.get_ray_address_file(None))
+    before = address_file.read_text() if address_file.exists() else None
     cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=3, num_gpus=1, node_ip_address="127.0.0.1",
-                                                                 include_dashboard=False))
+                                                                 include_dashboard=False, temp_dir=TEMP_DIR))
+    if before is None:
+        address_file.unlink(missing_ok=True)
+    else:
+        address_file.write_text(before)
     ray.init(address=cluster.address, log_to_driver=False)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"enable_access_log": False})
@@ -171,6 +182,7 @@ def main() -> None:
         serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(TEMP_DIR, ignore_errors=True)
 
 
 if __name__ == "__main__":
