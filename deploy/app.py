@@ -30,12 +30,16 @@ def _routing(cfg: AppConfig) -> dict[str, Any]:
 
 
 def _ranks(cfg: AppConfig) -> dict[str, Any]:
-    """tensor_parallel_size N > 1: one bundle per rank on one node; Serve puts the replica (rank 0) in bundle 0 and
-    the replica starts the other ranks in the others (workers/ranks.py)."""
-    if cfg.tensor_parallel_size == 1:
+    """tensor_parallel_size x pipeline_parallel_size = N > 1: one bundle per rank; Serve puts the replica (rank 0) in
+    bundle 0 and the replica starts the other ranks in the others (workers/ranks.py). One stage: STRICT_PACK, one
+    node. Several: PACK, which fills a node before the next, so the stages may sit on different nodes, each on one
+    where a node fits its ranks (Ray has no per-bundle-group constraint; the ranks are numbered by node)."""
+    ranks = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
+    if ranks == 1:
         return {}
     bundle = {"CPU": cfg.worker_num_cpus, **({"GPU": cfg.worker_num_gpus} if cfg.worker_num_gpus else {})}
-    return {"placement_group_bundles": [bundle] * cfg.tensor_parallel_size, "placement_group_strategy": "STRICT_PACK"}
+    strategy = "PACK" if cfg.pipeline_parallel_size > 1 else "STRICT_PACK"
+    return {"placement_group_bundles": [bundle] * ranks, "placement_group_strategy": strategy}
 
 
 def _actors(cfg: AppConfig) -> dict[str, Any]:

@@ -62,9 +62,10 @@ class AppConfig(DerivedFields):  # type: ignore[misc,valid-type]
     worker_autoscaling: dict[str, Any] | None = Field(None, description="Serve autoscaling_config for workers "
                                                       "(min_replicas, max_replicas, target_ongoing_requests, ...).")
     worker_num_cpus: float = Field(1.0, ge=0, description="Logical CPUs per worker replica; per rank with "
-                                   "tensor_parallel_size > 1 (one placement-group bundle each).")
+                                   "tensor_parallel_size or pipeline_parallel_size > 1 (one placement-group bundle "
+                                   "each).")
     worker_num_gpus: float = Field(0.0, ge=0, description="GPUs per worker replica (1 on a GPU cluster); per rank "
-                                   "with tensor_parallel_size > 1.")
+                                   "with tensor_parallel_size or pipeline_parallel_size > 1.")
     worker_max_ongoing_requests: int = Field(64, gt=0, description="Requests Serve sends one worker at once; "
                                              "the engine batches them.")
     # 60 s: scoring requests and typical generations finish; the ingress replicas get the same grace period.

@@ -46,9 +46,12 @@ class EngineUnhealthy(RuntimeError):
 
 class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None,
-                 convert: Callable[[RequestOutput], Any] | None = None) -> None:
+                 convert: Callable[[RequestOutput], Any] | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
         """`convert` turns each output into what `generate` yields (the worker's carrier); it runs in the engine
-        thread, so the caller's event loop only hands the result on. It must keep `.finished`."""
+        thread, so the caller's event loop only hands the result on. It must keep `.finished`. `on_fatal`: called
+        with the error when the loop dies, before its waiting requests are failed (a split worker ends its process
+        there: its ranks' group is broken, and the ingress runs again a request whose worker died unanswered)."""
         self.engine = engine if engine is not None else LLMEngine(config or EngineConfig())
         cfg = self.engine.config
         self._convert: Callable[[RequestOutput], Any] = convert or (lambda out: out)
@@ -67,6 +70,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stopped = False
         self.error: BaseException | None = None
+        self._on_fatal = on_fatal
         self._thread = threading.Thread(target=self._loop, name="rayscore-engine", daemon=True)
         self._thread.start()
 
@@ -310,6 +314,8 @@ class AsyncEngine:
         except BaseException as e:  # the loop must not die silently: fail every waiting request
             log.error("engine loop died: %s", traceback.format_exc())
             self.error = e
+            if self._on_fatal is not None:
+                self._on_fatal(e)
             with self._lock:
                 rids = list(self._streams)
             for rid in rids:

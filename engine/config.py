@@ -107,6 +107,10 @@ class EngineConfig:
     # engine/parallel/: rank 0 is the engine's own process; the worker starts the other ranks (workers/ranks.py).
     tensor_parallel_size: int = _doc(1, "Ranks (devices) one worker splits the model over: attention heads, MLP "
                                      "rows and the LM head's vocabulary; kv_cache_mb is per rank. 1: one device.")
+    # engine/parallel/pipeline.py: stage s is world ranks [s x TP, (s + 1) x TP); the stages may be on other nodes.
+    pipeline_parallel_size: int = _doc(1, "Pipeline stages one worker cuts the layers into, each a tensor-parallel "
+                                       "group of tensor_parallel_size ranks (one node each); activations go stage "
+                                       "to stage. 1: no pipeline.")
     # Ray sets OMP_NUM_THREADS=1 in small actors, so a worker sets this from its CPU count (deploy/config.py).
     num_threads: int | None = _doc(None, "torch intra-op threads; default: torch's own.")
     cache_dir: str | None = _doc(None, "Where the default model is converted; default: the user's cache dir or "
@@ -147,6 +151,14 @@ class EngineConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.tensor_parallel_size <= 0:
             raise ValueError(f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}")
+        if self.pipeline_parallel_size <= 0:
+            raise ValueError(f"pipeline_parallel_size must be positive, got {self.pipeline_parallel_size}")
+        if self.pipeline_parallel_size > 1 and self.batch_invariant:
+            raise ValueError("batch_invariant is not available with pipeline_parallel_size > 1: the stages score "
+                             "through the split head, whose summation order the mode does not fix")
+        if self.pipeline_parallel_size > 1 and self.lora_adapters:
+            raise ValueError("lora_adapters are not served with pipeline_parallel_size > 1 yet: each stage holds "
+                             "its own layers, and adapters are not cut by stage")
         if self.tensor_parallel_size > 1 and self.batch_invariant:
             raise ValueError("batch_invariant is not available with tensor_parallel_size > 1: the all-reduces' "
                              "summation order is not held fixed across ranks")
@@ -196,6 +208,11 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens cannot rise above {self.max_num_batched_tokens} in place with "
                              "batch_invariant on (its checks covered steps up to that size): change it in `args`")
         return replace(self, **changes)
+
+    @property
+    def world_size(self) -> int:
+        """The ranks one worker replica runs on: tensor_parallel_size x pipeline_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def image_patch_budget(self) -> int:

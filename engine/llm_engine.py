@@ -23,6 +23,7 @@ from engine.multimodal.request_images import RequestImages
 from engine.output_state import OutputState
 from engine.parallel.driver import TensorParallel
 from engine.parallel.group import TPGroup
+from engine.parallel.pipeline import stage_layers
 from engine.runner.lora import LoraManager
 from engine.runner.model_runner import ModelRunner
 from engine.runner.step_plan import ChunkResult
@@ -38,17 +39,18 @@ class RequestError(ValueError):
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, group: TPGroup | None = None) -> None:
-        """group: with tensor_parallel_size N > 1, this process's place as rank 0 of the N ranks (the other ranks
-        run engine.parallel.follower.Follower)."""
+        """group: with tensor_parallel_size x pipeline_parallel_size = N > 1, this process's place as world rank 0 of
+        the N ranks (the other ranks run engine.parallel.follower.Follower)."""
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.model_path: Path = resolve_model_path(config.model, config.cache_dir)
         self.parallel: TensorParallel | None = None
-        if config.tensor_parallel_size > 1:
+        if config.world_size > 1:
             if group is None or not group.is_driver:
                 raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} needs this engine to be rank 0 "
-                                 "of a process group of that many ranks (engine/parallel/)")
+                                 f"of a process group of {config.world_size} ranks (with pipeline_parallel_size "
+                                 f"{config.pipeline_parallel_size}: engine/parallel/)")
             self.device = group.device
             self.model, self.hf_config = load_sharded(config, group)
             self.parallel = TensorParallel(self.model, group)
@@ -68,6 +70,10 @@ class LLMEngine:
                                  "is served exactly up to (its RoPE scaling: LlamaForCausalLM.position_limit)")
             self.max_model_len = limit
         per_block = ModelRunner.bytes_per_block(self.model, config.block_size)
+        if config.pipeline_parallel_size > 1:  # kv_cache_mb bounds every rank: size the blocks by the largest stage
+            stages = [hi - lo for lo, hi in stage_layers(self.hf_config.get_text_config().num_hidden_layers,
+                                                         config.pipeline_parallel_size)]
+            per_block = per_block // stages[0] * max(stages)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
         # With tensor parallelism rank 0's manager sends each adapter load and eviction to the other ranks.

@@ -102,7 +102,13 @@ class Unavailable(ServerError):
 
 
 class WorkerLost(Unavailable):
-    """The worker serving the request died or vanished (Ray's actor errors): the request can run elsewhere."""
+    """The worker serving the request died or vanished (Ray's actor errors): the request can run elsewhere. Answered
+    (503) only once the retries are spent: its replacement is on the way, so the client may come back."""
+
+    retry_after_s: ClassVar[int] = 1
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
 
 
 class Overloaded(Unavailable):

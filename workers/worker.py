@@ -31,7 +31,7 @@ from workers.adapter_registry import adapter_registry_actor
 from workers.convert import to_chunk
 from workers.many import Tagged, merged
 from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats
-from workers.ranks import RankGroup
+from workers.ranks import RankGroup, end_replica
 from workers.replica import replica_label
 from workers.stats import worker_stats
 from workers.weight_sync import WeightSync, registry_actor
@@ -66,9 +66,11 @@ class EngineWorker:
         # Ray sets OMP_NUM_THREADS=1 in actors with < 2 CPUs: take the thread count from the config.
         # Carriers are built in the engine thread (generate's `convert`): a large delta never holds this replica's
         # event loop, which must keep answering health checks, stats and other streams.
-        # tensor_parallel_size > 1: this replica is rank 0 and starts the others in its placement group.
-        self.ranks = RankGroup(engine_config) if cfg.tensor_parallel_size > 1 else None
-        self.engine = AsyncEngine(cfg) if self.ranks is None else AsyncEngine(engine=LLMEngine(cfg, self.ranks.group))
+        # tensor_parallel_size or pipeline_parallel_size > 1: this replica is rank 0 and starts the others in its
+        # placement group.
+        self.ranks = RankGroup(engine_config) if cfg.world_size > 1 else None
+        self.engine = (AsyncEngine(cfg) if self.ranks is None
+                       else AsyncEngine(engine=LLMEngine(cfg, self.ranks.group), on_fatal=end_replica))
         eng = self.engine.engine
         self.info = ModelInfo(model_name=model_name or cfg.model, vocab_size=eng.vocab_size,
                               max_model_len=eng.max_model_len, logprobs_mode=cfg.logprobs_mode,

@@ -1,7 +1,8 @@
-"""What tensor parallelism costs on CPU: per-step time of the same work on N = 1, 2, 3 ranks, and the bytes each
-rank moves per scoring row with the vocab-parallel log-softmax against gathering the logits.
+"""What tensor and pipeline parallelism cost on CPU: per-step time of the same work on N = 1, 2, 3 ranks (a size
+`TxP`: tensor_parallel_size T x pipeline_parallel_size P, e.g. 1x2 for two pipeline stages of one rank), and the
+bytes each rank moves per scoring row with the vocab-parallel log-softmax against gathering the logits.
 
-    python -m bench tp [--model PATH] [--sizes 1 2 3] [--threads 1] [--prompts 8] [--tokens 256] [--decode 32]
+    python -m bench tp [--model PATH] [--sizes 1 2 3 1x2] [--threads 1] [--prompts 8] [--tokens 256] [--decode 32]
     python -m bench tp --smoke          (tiny sizes: checks the tool runs; figures meaningless)
 
 Default model: SmolLM2-135M's shape with random weights (hidden 576, 30 layers, MLP 1536, vocab 49,152, tied) but
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench tp", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="checkpoint folder or the embedded model's name (default: SHAPE)")
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--sizes", nargs="+", default=["1", "2", "3", "1x2"],
+                    help="ranks per run: N (tensor parallel) or TxP (T ranks per stage, P pipeline stages)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=256)
@@ -131,13 +133,15 @@ def _compare(a: argparse.Namespace, model: str) -> None:
           "| with top-5 B/row | logits gather B/row | hidden bcast B/row |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     base: Figures | None = None
-    for n in a.sizes:
+    for size in a.sizes:
+        tp, pp = (int(x) for x in size.split("x")) if "x" in size else (int(size), 1)
+        n = tp * pp
         torch.set_num_threads(a.threads)
-        fig = job(LLMEngine(config)) if n == 1 else run_local(n, replace(config, tensor_parallel_size=n), job,
-                                                               threads=a.threads)[0]
+        fig = job(LLMEngine(config)) if n == 1 else run_local(
+            n, replace(config, tensor_parallel_size=tp, pipeline_parallel_size=pp), job, threads=a.threads)[0]
         base = base or fig
         diff = max((abs(x - y) for x, y in zip(fig.rows, base.rows, strict=True)), default=0.0)
-        print(f"| {n} | {fig.prefill_step_ms:.1f} | {fig.prefill_step_ms / base.prefill_step_ms:.2f} | "
+        print(f"| {size} | {fig.prefill_step_ms:.1f} | {fig.prefill_step_ms / base.prefill_step_ms:.2f} | "
               f"{fig.decode_step_ms:.1f} | {fig.decode_step_ms / base.decode_step_ms:.2f} | {diff:.1e} | "
               f"{fig.softmax_bytes_per_row:.0f} | {fig.topk_bytes_per_row:.0f} | {fig.gather_bytes_per_row:.0f} | "
               f"{fig.hidden_bytes_per_row:.0f} |", flush=True)

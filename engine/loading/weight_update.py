@@ -39,7 +39,8 @@ def stage_weights(engine: LLMEngine, path: str) -> StagedWeights:
     state, so it runs beside the engine's steps (in another thread)."""
     folder = Path(path)
     if engine.parallel is not None:  # the other ranks hold their own shards, which this update does not reach
-        raise WeightUpdateError("Weight updates are not supported with tensor_parallel_size > 1 yet: restart the "
+        raise WeightUpdateError("Weight updates are not supported with tensor_parallel_size or "
+                                "pipeline_parallel_size > 1 yet: restart the "
                                 "deployment on the new checkpoint.")
     if not folder.is_dir():
         raise WeightUpdateError(f"The model_path {path!r} is not a checkpoint folder on this worker.")

@@ -339,12 +339,16 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
-                backend: AttentionBackend) -> torch.Tensor:
+                backend: AttentionBackend, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, positions: [T]. Returns the last layer's hidden states before the final norm: [T, hidden].
-        The runner applies norm + LM head only to the rows it needs."""
-        h = self.model.embed_tokens(input_ids)  # [T, hidden]
-        if self.embed_scale is not None:
-            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        The runner applies norm + LM head only to the rows it needs. hidden: a later pipeline stage's input, the
+        previous stage's [T, hidden] (engine/parallel/pipeline.py), instead of the embedding."""
+        if hidden is None:
+            h = self.model.embed_tokens(input_ids)  # [T, hidden]
+            if self.embed_scale is not None:
+                h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        else:
+            h = hidden
         tables = [rope.cos_sin(positions, h.dtype) for rope in self.ropes]  # each ([T, D_rot], [T, D_rot])
         for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches, strict=True):
             cos, sin = tables[layer.rope_index]

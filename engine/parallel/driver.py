@@ -16,6 +16,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.parallel import vocab
 from engine.parallel.group import TPGroup
 from engine.parallel.messages import Adapter, Forward, Logits, Message, Score, Setup, Stop, Targets
+from engine.parallel.pipeline import Pipeline
 from engine.parallel.shard import vocab_range
 from engine.runner.logit_buffer import float_logits
 from engine.runner.logprobs import ScoredRows
@@ -26,6 +27,7 @@ class TensorParallel:
         self.model, self.group = model, group
         lo, hi = vocab_range(model.config.vocab_size, group.rank, group.size)
         self.shard = vocab.VocabShard(group, lo, hi, model.config.vocab_size)
+        self.pipeline = Pipeline(group, model.hidden_size, model.dtype)
 
     def send(self, msg: Message) -> None:
         assert self.group.is_driver, "only rank 0 sends"
@@ -41,10 +43,15 @@ class TensorParallel:
     def announce_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                          lora: list[tuple[int, int, int]] | None = None) -> None:
         """Before rank 0's own forward: the other ranks run theirs over the same tokens (their heads, their cache,
-        their share of each adapter on the same rows: lora, LoraStep's segments)."""
+        their share of each adapter on the same rows: lora, LoraStep's segments; a later stage, its layers on the
+        previous stage's hidden states). Rank 0 then calls finish_forward."""
         cpu = torch.device("cpu")
         self.send(Forward(input_ids.to(cpu), positions.to(cpu), meta.slot_mapping.to(cpu), list(meta.starts),
                           list(meta.lens), [s.to(cpu) for s in meta.context_slots], list(lora or [])))
+
+    def finish_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Stage 0's [T, hidden] -> the last stage's (the same tensor with one stage)."""
+        return self.pipeline.round_trip(hidden)
 
     def load_adapter(self, slot: int, name: str, path: str) -> None:
         """The other ranks read the adapter at `path` and write their share of it into `slot`."""

@@ -1,5 +1,6 @@
-"""Ranks 1..N-1 of a tensor-parallel worker: load the model, keep this rank's shard and KV cache (its heads), then
-run what rank 0 broadcasts until it says stop. No scheduler, no block tables, no store: rank 0 decides everything."""
+"""World ranks 1..N-1 of a split worker: load the model, keep this rank's shard and KV cache (its stage's layers,
+its heads), then run what world rank 0 broadcasts until it says stop. No scheduler, no block tables, no store: rank 0
+decides everything. The head's phases (Score, Targets, Logits) run on stage 0's ranks only (pipeline.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class Follower:
         self.group, self.device, self.block_size = group, group.device, config.block_size
         self.model: LlamaForCausalLM = load_sharded(config, group)[0]
         self.tp = TensorParallel(self.model, group)
+        self.pipeline = self.tp.pipeline
         self.backend = TorchPagedAttention()
         self.adapters = AdapterSlots(self.model, config.max_loras, config.max_lora_rank, self.device)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -46,8 +48,13 @@ class Follower:
                                      [s.to(dev) for s in msg.context_slots])
             meta.finalize(dev, dtype)
             self.adapters.step.set(msg.lora, dtype, dev)  # the grouped form's indices too, never a stale step's
-            self.model(msg.input_ids.to(dev), msg.positions.to(dev), self.kv_caches, meta, self.backend)
+            before = None if self.pipeline.first else self.pipeline.receive(len(msg.input_ids))
+            hidden = self.model(msg.input_ids.to(dev), msg.positions.to(dev), self.kv_caches, meta, self.backend,
+                                hidden=before)
+            self.pipeline.pass_on(hidden)
             self.steps += 1
+        elif not self.pipeline.first:
+            return  # the head's phases are stage 0's
         elif isinstance(msg, Adapter):
             if msg.path is None:
                 self.adapters.clear(msg.slot)

@@ -1,5 +1,10 @@
-"""The process group a tensor-parallel worker's ranks share: torch.distributed with NCCL on CUDA and gloo on CPU,
-plus a gloo group for the step messages (pickled objects travel on CPU, whatever the device: SGLang's rule).
+"""The process group a split worker's ranks share: torch.distributed with NCCL on CUDA and gloo on CPU, plus a gloo
+group for the step messages (pickled objects travel on CPU, whatever the device: SGLang's rule).
+
+With pipeline parallelism the world of `tensor_parallel_size x pipeline_parallel_size` ranks is cut into stages of
+consecutive world ranks (world rank = stage x TP + rank in the stage, vLLM's layout): each stage's ranks share one
+tensor-parallel group for their all-reduces, and activations go stage to stage by point-to-point send/recv between
+the ranks of the same index (engine/parallel/pipeline.py).
 
 Two timeouts: the collectives of a step wait at most `timeout_s` for the slowest rank (a layer's work apart); the
 message group waits without a practical limit, since the other ranks wait there for rank 0's next step however
@@ -28,6 +33,7 @@ class Traffic:
     all_reduce: int = 0
     all_gather: int = 0
     broadcast: int = 0
+    send: int = 0  # activations to the next stage (pipeline parallelism)
     calls: dict[str, int] = field(default_factory=dict)
 
     def add(self, kind: str, nbytes: int) -> None:
@@ -36,7 +42,7 @@ class Traffic:
 
     @property
     def total(self) -> int:
-        return self.all_reduce + self.all_gather + self.broadcast
+        return self.all_reduce + self.all_gather + self.broadcast + self.send
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -46,25 +52,39 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class TPGroup:
-    """This process's place in a tensor-parallel group of `size` ranks (rank 0 drives)."""
+    """This process's place in a split worker: rank `rank` of its stage's tensor-parallel group of `size` ranks, in
+    stage `stage` of `stages` (world rank 0 drives: stage 0, rank 0)."""
 
-    def __init__(self, rank: int, size: int, device: torch.device, address: str,
-                 timeout_s: float = 120.0) -> None:
-        """address: "host:port" of rank 0's rendezvous store (every rank gets the same). Blocks until all `size`
-        ranks have joined."""
-        self.rank, self.size, self.device = rank, size, device
+    def __init__(self, world_rank: int, world_size: int, device: torch.device, address: str,
+                 timeout_s: float = 120.0, stages: int = 1) -> None:
+        """address: "host:port" of world rank 0's rendezvous store (every rank gets the same). Blocks until all
+        `world_size` ranks have joined. stages: pipeline_parallel_size (it divides world_size)."""
+        if world_size % stages:
+            raise ValueError(f"{world_size} ranks do not cut into pipeline_parallel_size {stages} stages")
+        self.world_rank, self.world_size, self.device = world_rank, world_size, device
+        self.stages = stages
+        self.size = world_size // stages
+        self.stage, self.rank = divmod(world_rank, self.size)
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=size,
+        dist.init_process_group(backend, init_method=f"tcp://{address}", rank=world_rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         self.group: Any = dist.group.WORLD
+        if stages > 1:  # every rank creates every stage's group, in the same order (torch.distributed's rule)
+            groups = [dist.new_group(list(range(s * self.size, (s + 1) * self.size)), backend=backend)
+                      for s in range(stages)]
+            self.group = groups[self.stage]
         self.cpu_group: Any = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
         self.traffic = Traffic()
 
+    def world_of(self, stage: int, rank: int) -> int:
+        """The world rank of `rank` in `stage`."""
+        return stage * self.size + rank
+
     @property
     def is_driver(self) -> bool:
-        return self.rank == 0
+        return self.world_rank == 0
 
     def all_reduce(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """In place; every rank gets the same bits (the ring reduces each chunk once, then passes it on)."""
@@ -80,14 +100,24 @@ class TPGroup:
         return parts
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
-        """Rank 0's x into every rank's x (same shape and dtype everywhere), in place."""
-        if self.is_driver:
+        """The stage's rank 0's x into every rank's x of the stage (same shape and dtype everywhere), in place."""
+        if self.rank == 0:
             self.traffic.add("broadcast", x.numel() * x.element_size())
-        dist.broadcast(x, src=0, group=self.group)
+        dist.broadcast(x, src=self.world_of(self.stage, 0), group=self.group)
+        return x
+
+    def send(self, x: torch.Tensor, to: int) -> None:
+        """x to world rank `to` (which calls recv with x's shape and dtype)."""
+        self.traffic.add("send", x.numel() * x.element_size())
+        dist.send(x.contiguous(), dst=to)
+
+    def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int) -> torch.Tensor:
+        x = torch.empty(shape, dtype=dtype, device=self.device)
+        dist.recv(x, src=src)
         return x
 
     def broadcast_object(self, obj: Any = None) -> Any:
-        """Rank 0's obj, pickled over the gloo group; other ranks pass None and get it."""
+        """World rank 0's obj to every rank of every stage, pickled over the gloo group; other ranks pass None."""
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self.cpu_group)
         return box[0]

@@ -25,8 +25,9 @@ def _rank_main(rank: int, size: int, address: str, cfg: dict[str, Any], job: Cal
 
     torch.set_num_threads(threads)
     try:
-        group = TPGroup(rank, size, torch.device("cpu"), address, timeout_s=120)
-        config = EngineConfig(**{**cfg, "tensor_parallel_size": size})
+        stages = cfg.get("pipeline_parallel_size", 1)
+        group = TPGroup(rank, size, torch.device("cpu"), address, timeout_s=120, stages=stages)
+        config = EngineConfig(**{**cfg, "tensor_parallel_size": size // stages})
         if rank:
             follower = Follower(config, group)
             follower.run()
@@ -44,7 +45,8 @@ def _rank_main(rank: int, size: int, address: str, cfg: dict[str, Any], job: Cal
 
 def run_local(size: int, config: EngineConfig, job: Callable[[Any], Any], threads: int = 1,
               timeout_s: float = 600) -> tuple[Any, list[int]]:
-    """(what job returned on rank 0, the forwards each other rank ran). job must be picklable (module level)."""
+    """(what job returned on rank 0, the forwards each other rank ran). size: every rank, tensor_parallel_size x
+    config.pipeline_parallel_size. job must be picklable (module level)."""
     cfg = {k: v for k, v in asdict(config).items() if k != "tensor_parallel_size"}
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

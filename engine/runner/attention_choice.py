@@ -30,8 +30,8 @@ def choose_attention(config: EngineConfig, model: LlamaForCausalLM, device: torc
         return InvariantPagedAttention()
     if want == "torch":
         return TorchPagedAttention()
-    if config.tensor_parallel_size > 1:  # the follower ranks run TorchPagedAttention on the driver's metadata
-        log.info("attention: torch paged path (tensor_parallel_size > 1 runs the varlen backend on no rank)")
+    if config.world_size > 1:  # the follower ranks run TorchPagedAttention on the driver's metadata
+        log.info("attention: torch paged path (a split worker runs the varlen backend on no rank)")
         return TorchPagedAttention()
     softcap = any(layer.self_attn.softcap is not None for layer in model.model.layers)
     sinks = any(getattr(layer.self_attn, "sinks", None) is not None for layer in model.model.layers)

@@ -66,6 +66,7 @@ class LoraManager:
         self.parallel = parallel
         self.max_loras = config.max_loras
         self.max_rank = config.max_lora_rank
+        self.stages = config.pipeline_parallel_size
         self.slots = AdapterSlots(model, self.max_loras, self.max_rank, device)
         self.step = self.slots.step
         self.paths: dict[str, str] = {}
@@ -86,6 +87,7 @@ class LoraManager:
     def register(self, name: str, path: str) -> None:
         """Serve the adapter at `path` as `name`: read and checked now (LoraError), made resident when a slot is
         free."""
+        self._refuse_stages()
         if name in self.paths:
             raise LoraError(f"The adapter {name!r} is already loaded (POST /v1/unload_lora_adapter first).")
         stamp = folder_stamp(path)  # before the read: a write during it shows as a change next time
@@ -108,7 +110,12 @@ class LoraManager:
 
     def check(self, name: str, path: str) -> None:
         """Read and check an adapter against the model without loading it (LoraError when refused)."""
+        self._refuse_stages()
         self._check(read_adapter(name, path, self.max_rank, self.model.dtype))
+
+    def _refuse_stages(self) -> None:
+        if self.stages > 1:  # each stage holds its own layers; adapters are not cut by stage yet
+            raise LoraError(f"LoRA adapters are not served with pipeline_parallel_size {self.stages} yet.")
 
     def unregister(self, name: str) -> None:
         if name not in self.paths:

@@ -125,6 +125,8 @@ class ModelRunner:
                                     vision=self.vision.rows(plan.image_chunks))
             else:
                 hidden = self.model(plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.backend)
+            if self.parallel is not None:  # pipeline stages: through the later ones, back to this rank
+                hidden = self.parallel.finish_forward(hidden)
             if self.hidden_store is not None:
                 self.hidden_store.index_copy_(0, plan.meta.slot_mapping, hidden)
                 self.scorer.forget(plan.meta.slot_mapping)

@@ -1,5 +1,6 @@
-"""`python -m bench tp --smoke`: one and two ranks run the same prompts, rows agree, and the vocab-parallel
-log-softmax moves 3 floats per row (12 bytes) against a gather's vocab / N floats (speed is never asserted)."""
+"""`python -m bench tp --smoke`: one and two ranks, and two pipeline stages, run the same prompts, rows agree, and the
+vocab-parallel log-softmax moves 3 floats per row (12 bytes) against a gather's vocab / N floats (speed is never
+asserted)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from bench.features.tp import main
 
 
 def test_tp_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    main(["--smoke", "--sizes", "1", "2"])
+    main(["--smoke", "--sizes", "1", "2", "1x2"])
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()
-            if line.startswith(("| 1 ", "| 2 "))]
-    assert [r[0] for r in rows] == ["1", "2"]
+            if line.startswith(("| 1 ", "| 2 ", "| 1x2 "))]
+    assert [r[0] for r in rows] == ["1", "2", "1x2"]
+    assert float(rows[2][5]) <= 1e-4  # two pipeline stages: the same rows
     two = rows[1]
     assert float(two[1]) > 0 and float(two[3]) > 0
     assert float(two[5]) <= 1e-4  # max |row - N=1|

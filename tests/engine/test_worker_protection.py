@@ -138,3 +138,22 @@ def test_limits_on_what_one_request_returns(tiny_models) -> None:
         eng.add_request("e", rand_ids(15, 1), scoring(0, 4))
     out = eng.generate([rand_ids(15, 1)], scoring(0, 3))[0]  # 14 x 4 = 56: accepted
     assert len(out.input_top_logprobs) == 14 and all(len(r) == 3 for r in out.input_top_logprobs)
+
+
+async def test_a_dying_loop_calls_on_fatal_before_failing_its_requests(tiny_models, engines) -> None:
+    """A split worker passes on_fatal (workers/ranks.py's end_replica ends the process there, so the ingress retries
+    the requests): it sees the error before any waiting request is answered."""
+    seen: list[tuple[BaseException, int]] = []
+    delivered: list = []
+    eng = AsyncEngine(engine=make_engine(tiny_models["llama"], max_num_batched_tokens=16),
+                      on_fatal=lambda e: seen.append((e, len(delivered))))
+    engines.append(eng)
+
+    def broken_step():  # type: ignore[no-untyped-def]
+        raise RuntimeError("a rank's connection closed")
+
+    eng.engine.step = broken_step  # type: ignore[method-assign]
+    async for out in eng.generate("r", rand_ids(12, 1), scoring(0)):
+        delivered.append(out)
+    assert [(str(e), n) for e, n in seen] == [("a rank's connection closed", 0)]
+    assert delivered[-1].finish_reason.code == 500 and not eng.is_alive  # with no on_fatal exit: failed as before

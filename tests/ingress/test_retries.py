@@ -93,6 +93,7 @@ async def test_past_the_retry_deadline_the_answer_is_503() -> None:
         t0 = time.monotonic()
         r = await c.post("/generate", json=SCORE)
     assert r.status_code == 503 and "ActorDiedError" in r.json()["message"]
+    assert r.headers["retry-after"] == "1"  # its replacement is on the way: the client may come back
     assert 0.3 <= time.monotonic() - t0 < 2
     assert 2 <= len(backend.requests) <= 5
     async with client(FakeBackend(failing(1, WorkerLost("lost"))), retry_deadline_s=0) as c:
