@@ -68,8 +68,15 @@ class LLMEngine:
                                  "is served exactly up to (its RoPE scaling: LlamaForCausalLM.position_limit)")
             self.max_model_len = limit
         per_block = ModelRunner.bytes_per_block(self.model, config.block_size)
-        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block)
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
+        # A hybrid's state slots (one per running request) come out of the same budget as the blocks.
+        num_state_slots = config.max_num_seqs if self.model.hybrid else 0
+        states = num_state_slots * self.model.state_bytes_per_slot()
+        if states >= config.kv_cache_bytes and not config.num_kv_blocks:
+            raise ValueError(f"kv_cache_bytes {config.kv_cache_bytes} leaves no KV block beside the {num_state_slots} "
+                             f"state slots of {type(self.model).__name__} ({states} bytes: max_num_seqs x "
+                             f"{self.model.state_bytes_per_slot()}); raise kv_cache_bytes or lower max_num_seqs")
+        num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_bytes - states) // per_block)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache, num_state_slots)
         # With tensor parallelism rank 0's manager sends each adapter load and eviction to the other ranks.
         self.lora = LoraManager(self.model, config, self.device, self.parallel)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,

@@ -31,10 +31,18 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True,
+                 num_state_slots: int = 0) -> None:
+        """num_state_slots: a hybrid model's per-request state slots (its linear layers' conv and recurrent state):
+        a request takes one with its first blocks and gives it back with them, and is not scheduled while none is
+        free, as when the blocks run out. A hybrid's state at a block boundary is not kept, so its cached blocks
+        are never reused: a request always starts from position 0 (exact, at the cost of recomputing a shared
+        prefix)."""
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
         self.enable_prefix_cache = enable_prefix_cache
+        self.num_state_slots = num_state_slots
+        self.free_state_slots: list[int] = list(range(num_state_slots - 1, -1, -1))
         self.cached: dict[int, int] = {}  # hash -> block
         self.block_meta: dict[int, tuple[int, tuple[int, ...]]] = {}  # block -> (hash, tokens)
         self.stats = PrefixCacheStats()
@@ -48,7 +56,7 @@ class KVCacheManager:
         tokens. Returns the number of tokens now already computed. count: record the lookup in the stats
         (the scheduler counts a request's first lookup only, not its recomputes after preemption)."""
         assert not seq.block_table and seq.num_computed_tokens == 0
-        if self.enable_prefix_cache:
+        if self.enable_prefix_cache and not self.num_state_slots:
             seq.block_table, seq.block_hashes = self._longest_cached_prefix(seq, limit)
             for block in seq.block_table:
                 self.pool.take(block)
@@ -115,6 +123,10 @@ class KVCacheManager:
         need = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         if need > self.pool.num_free:
             return False
+        if self.num_state_slots and seq.state_slot is None:
+            if not self.free_state_slots:
+                return False
+            seq.state_slot = self.free_state_slots.pop()
         for _ in range(need):
             seq.block_table.append(self._allocate_block())
         return True
@@ -126,12 +138,19 @@ class KVCacheManager:
             self.pool.free(block)
         seq.block_table = []
         seq.block_hashes = []
+        if seq.state_slot is not None:
+            self.free_state_slots.append(seq.state_slot)
+            seq.state_slot = None
 
     def check_integrity(self, live: list[Sequence]) -> None:
         self.pool.check_integrity([s.block_table for s in live])
         assert len(self.cached) == len(self.block_meta), "hash map and block map differ in size"
         for h, block in self.cached.items():
             assert self.block_meta[block][0] == h, f"block {block} cached under two hashes"
+        held = [s.state_slot for s in live if s.state_slot is not None]
+        assert len(set(held)) == len(held), "a state slot held by two requests"
+        assert not set(held) & set(self.free_state_slots), "a held state slot is on the free list"
+        assert len(held) + len(self.free_state_slots) == self.num_state_slots, "state slots lost"
         for s in live:
             assert len(s.block_hashes) <= len(s.block_table)
             assert s.num_computed_tokens <= len(s.block_table) * self.block_size

@@ -39,6 +39,8 @@ class AttentionMetadata:
     plans: dict[str, Any] = field(default_factory=dict)
     # Per request: its KV-cache block ids in position order (VarlenPagedAttention reads the cache through them).
     block_tables: list[list[int]] = field(default_factory=list)
+    # Per request: its state slot (a hybrid model's linear layers: engine/layers/gated_deltanet.py); empty otherwise.
+    state_slots: list[int] = field(default_factory=list)
 
     def finalize(self, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         offsets, offset = [], 0

@@ -26,6 +26,9 @@ def load_sharded(config: EngineConfig, group: TPGroup) -> tuple[LlamaForCausalLM
     if model.multimodal:  # the other ranks' forwards take no image rows (engine/parallel/follower.py)
         raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} is not available for the "
                          f"vision-language model {type(model).__name__}; serve it with tensor_parallel_size 1")
+    if model.hybrid:  # the linear layers' state slots are not split across ranks
+        raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} is not available for the hybrid "
+                         f"model {type(model).__name__}; serve it with tensor_parallel_size 1")
     shard_model(model, group)
     model.to(group.device)
     model.rope_to(group.device)

@@ -55,7 +55,9 @@ class ModelRunner:
         num_slots = num_blocks * self.block_size
         # The varlen backend gets one block past the pool's: the decode graphs' padding rows write and read it.
         varlen = isinstance(self.backend, VarlenPagedAttention)
-        self.kv_caches = model.make_kv_caches(num_slots + (self.block_size if varlen else 0), device)
+        # A hybrid's state slots: one per running request (KVCacheManager hands them out).
+        self.kv_caches = model.make_kv_caches(num_slots + (self.block_size if varlen else 0), device,
+                                              state_slots=config.max_num_seqs if model.hybrid else 0)
         # The last layer's hidden state (before the row-wise final norm) of every computed position, by KV slot,
         # so a scoring row in a cached block needs only the LM head. hidden/(2 x layers x kv_heads x head_dim)
         # of the KV cache's size: 5% for SmolLM2, 6% for an 8B Llama.
@@ -71,7 +73,7 @@ class ModelRunner:
                                 lse_store=store, batch_invariant=self.invariant, parallel=parallel)
         self.graphs: DecodeGraphs | None = None
         if (varlen and self.backend.kernel is not varlen_attention_reference and config.cuda_graphs
-                and parallel is None and device.type == "cuda" and not model.multimodal):
+                and parallel is None and device.type == "cuda" and not model.multimodal and not model.hybrid):
             self.graphs = self.decode_graphs(num_blocks, max_model_len, capture=True)
 
     def decode_graphs(self, num_blocks: int, max_model_len: int | None, capture: bool) -> DecodeGraphs | None:

@@ -152,6 +152,8 @@ class StepPlanner:
                 meta.starts.append(start)
                 meta.lens.append(n)
                 meta.block_tables.append(seq.block_table)
+                if seq.state_slot is not None:
+                    meta.state_slots.append(seq.state_slot)
             layouts.append(layout)
             offset += n
         used = [s + n for s, n in zip(meta.starts, meta.lens, strict=True)]

@@ -1,0 +1,182 @@
+"""Qwen3.5 (dense and MoE), the hybrid of Gated DeltaNet and gated full attention, against transformers' float32
+forward without cache: the delta rule's two forms and the conv against transformers' torch fallbacks from a carried
+state; every row at several lengths and starts, prefilled in chunks smaller than the prompt (the state carried across
+chunks and steps), batched with other requests, preempted and recomputed, with the prefix cache on; greedy tokens equal
+to the argmax of full forwards; images (Qwen3_5ForConditionalGeneration); each part of the layer shown to move the
+rows; refusals naming their field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
+from engine.layers.gated_delta import causal_conv1d, chunk_gated_delta_rule, recurrent_gated_delta_rule
+from engine.loading.lora import LoraError
+from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
+from tests.helpers.families import ATOL, check_mixed_batch, check_scoring_any_chunking
+from tests.helpers.reference import hf_logits, hf_model, hf_scores
+from tests.helpers.tiny_qwen3_5 import QWEN3_5_FAMILIES, build_qwen3_5_vl, qwen3_5_path
+from tests.helpers.tiny_vision import expand, image_input, random_image, text_ids
+from tests.helpers.vision_reference import vl_scores
+
+
+def _rule_inputs(b: int, length: int, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(b, length, 2, 16, generator=gen), torch.randn(b, length, 2, 16, generator=gen)
+    v = torch.randn(b, length, 4, 8, generator=gen)
+    g = -torch.rand(b, length, 4, generator=gen)
+    beta = torch.rand(b, length, 4, generator=gen)
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("length", [1, 70])  # within one block of the chunked form; across two
+def test_rules_equal_transformers_from_a_carried_state(length: int) -> None:
+    q, k, v, g, beta = _rule_inputs(2, length, seed=length)
+    state = torch.randn(2, 4, 16, 8, generator=torch.Generator().manual_seed(1))
+    want, want_s = hf.torch_chunk_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                                                   use_qk_l2norm_in_kernel=True)
+    for rule in (chunk_gated_delta_rule, recurrent_gated_delta_rule):
+        got, got_s = rule(q, k, v, g, beta, state)
+        assert (got - want).abs().max() <= 1e-5 and (got_s - want_s).abs().max() <= 1e-5, rule.__name__
+
+
+def test_rule_and_conv_split_anywhere_equal_whole() -> None:
+    """A prompt cut in chunks (the state carried) equals it whole: the delta rule and the conv."""
+    q, k, v, g, beta = _rule_inputs(1, 75, seed=3)
+    whole, whole_s = chunk_gated_delta_rule(q, k, v, g, beta, None)
+    x = torch.randn(1, 12, 75)
+    w = torch.randn(12, 4)
+    conv_whole = hf.causal_conv1d_fn(x, w, None, activation=None)
+    parts, s, conv_parts, cs = [], None, [], torch.zeros(1, 12, 3)
+    for lo, hi in ((0, 5), (5, 6), (6, 70), (70, 75)):
+        o, s = chunk_gated_delta_rule(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], g[:, lo:hi], beta[:, lo:hi], s)
+        parts.append(o)
+        c, cs = causal_conv1d(x[:, :, lo:hi], cs, w)
+        conv_parts.append(c)
+    assert (torch.cat(parts, 1) - whole).abs().max() <= 1e-5 and (s - whole_s).abs().max() <= 1e-5
+    assert (torch.cat(conv_parts, -1) - conv_whole).abs().max() <= 1e-6
+
+
+# Budgets: one token a step (every chunk a one-token chunk after a context: the recurrent form, batched), chunks of
+# 5 (the chunked form from a carried state), the whole prompt at once (from zeros).
+@pytest.mark.parametrize(("family", "budgets"), [("qwen3_5", (1, 5, 1000)), ("qwen3_5-moe", (5, 1000))])
+def test_scoring_any_chunking(family: str, budgets: tuple[int, ...]) -> None:
+    """37 tokens from 0, 17 and the end (each chunk carries the state to the next)."""
+    check_scoring_any_chunking(qwen3_5_path(family), budgets=budgets)
+
+
+@pytest.mark.parametrize("family", QWEN3_5_FAMILIES)
+def test_mixed_batch(family: str) -> None:
+    """Scoring and greedy requests of mixed lengths share steps: decodes batched in the recurrent form."""
+    check_mixed_batch(qwen3_5_path(family), budgets=(3,))
+
+
+def test_long_prompt_across_blocks_of_the_chunked_form() -> None:
+    """150 tokens (three blocks of 64 in transformers' one call) in chunks of 50 and whole."""
+    path = qwen3_5_path("qwen3_5")
+    ids = rand_ids(150, seed=8)
+    for budget in (50, 1000):
+        out = make_engine(path, max_num_batched_tokens=budget).generate([ids], scoring(0), check=True)[0]
+        diff = max(abs(v - e) for (v, _), e in zip(out.input_token_logprobs, hf_scores(path, ids, 0), strict=True))
+        assert diff <= ATOL, (budget, diff)
+
+
+def test_greedy_equals_argmax_of_full_forwards() -> None:
+    """Tokens decoded together (the recurrent form over a batch) equal the argmax of transformers' uncached forward
+    of the text so far; each token's logprob within ATOL of it."""
+    path = qwen3_5_path("qwen3_5")
+    prompts = [rand_ids(n, seed=100 + n) for n in (3, 11, 26)]
+    outs = make_engine(path, max_num_batched_tokens=5).generate(prompts, greedy(8), check=True)
+    for ids, out in zip(prompts, outs, strict=True):
+        text = list(ids)
+        for tok, (v, t) in zip(out.new_token_ids, out.output_token_logprobs, strict=True):
+            lp = torch.log_softmax(hf_logits(path, text)[-1], -1)
+            assert tok == t == int(lp.argmax())
+            assert abs(v - lp[tok].item()) <= ATOL
+            text.append(tok)
+
+
+def test_preempted_requests_recompute_their_state() -> None:
+    """Too few KV blocks for every request at once: the newest are preempted (their state slot freed) and recomputed
+    from position 0; every row still exact, every slot back."""
+    path = qwen3_5_path("qwen3_5")
+    prompts = [rand_ids(n, seed=200 + n) for n in (30, 25, 28, 22)]
+    eng = make_engine(path, num_kv_blocks=20, max_num_batched_tokens=8)
+    outs = eng.generate(prompts, [greedy(6)] * 4, check=True)
+    assert eng.scheduler.num_preemptions > 0
+    for ids, out in zip(prompts, outs, strict=True):
+        assert out.new_token_ids == make_engine(path).generate([ids], greedy(6))[0].new_token_ids
+    assert len(eng.kv.free_state_slots) == eng.kv.num_state_slots
+
+
+def test_prefix_cache_on_stays_exact() -> None:
+    """Prompts sharing a 22-token prefix, twice, with the prefix cache on: the hybrid reuses no block (its state at a
+    block boundary is not kept), so every row is computed and exact."""
+    path = qwen3_5_path("qwen3_5")
+    ctx = rand_ids(22, seed=300)
+    cases = [ctx + rand_ids(6, seed=400 + e) for e in range(3)]
+    eng = make_engine(path, enable_prefix_cache=True, max_num_batched_tokens=16)
+    for _ in range(2):
+        outs = eng.generate(cases, [scoring(0, k=2)] * 3, check=True)
+        for ids, out in zip(cases, outs, strict=True):
+            diff = max(abs(v - e) for (v, _), e in zip(out.input_token_logprobs, hf_scores(path, ids, 0),
+                                                       strict=True))
+            assert diff <= ATOL, diff
+    assert eng.stats().prefix_cache_hit_tokens == 0
+
+
+# Each part of a linear layer (and the attention's output gate), zeroed in transformers' model: the rows move.
+PARTS = ["linear_attn.conv1d", "linear_attn.A_log", "linear_attn.dt_bias", "linear_attn.in_proj_b",
+         "linear_attn.in_proj_a", "linear_attn.in_proj_z", "linear_attn.norm", "self_attn.q_norm", "mlp.shared_expert"]
+
+
+def test_every_part_moves_the_rows() -> None:
+    ids = rand_ids(37, seed=4)
+    for family in QWEN3_5_FAMILIES:
+        model = hf_model(str(qwen3_5_path(family)))
+        base = hf_logits(qwen3_5_path(family), ids)
+        for part in PARTS:
+            params = [p for n, p in model.named_parameters() if f".{part}." in n or n.endswith(f".{part}")]
+            if not params:
+                assert part == "mlp.shared_expert" and family == "qwen3_5"
+                continue
+            saved = [p.detach().clone() for p in params]
+            with torch.no_grad():
+                for p in params:
+                    p.zero_()
+            try:
+                moved = (hf_logits(qwen3_5_path(family), ids) - base).abs().max().item()
+            finally:
+                with torch.no_grad():
+                    for p, s in zip(params, saved, strict=True):
+                        p.copy_(s)
+            assert moved >= 1e-2, (family, part, moved)
+
+
+def test_batch_invariant_refused_naming_layer_types() -> None:
+    with pytest.raises(ValueError, match=r"batch_invariant .*Gated DeltaNet.*layer_types"):
+        make_engine(qwen3_5_path("qwen3_5"), batch_invariant=True)
+
+
+def test_images_through_the_vision_path(tmp_path: Path) -> None:
+    """Qwen3_5ForConditionalGeneration: an image's rows (Qwen3-VL's tower without DeepStack, interleaved M-RoPE over
+    the partial rotary) within ATOL of transformers' forward, prefilled in chunks of 7 that cut the image's run; the
+    image is seen (another one behind the same placeholders moves the rows)."""
+    path = build_qwen3_5_vl(tmp_path / "vl", seed=3)
+    images = [image_input("qwen3_vl", random_image(150, 100, 0))]
+    ids = expand(text_ids(20, 0), images, [7])
+    want = vl_scores(path, ids, images, 0)
+    out = make_engine(path, max_num_batched_tokens=7).generate([ids], scoring(0), check=True, images=[images])[0]
+    assert max(abs(v - e) for (v, _), e in zip(out.input_token_logprobs, want, strict=True)) <= ATOL
+    other = [image_input("qwen3_vl", random_image(150, 100, 99))]
+    assert max(abs(v - e) for v, e in zip(vl_scores(path, ids, other, 0), want, strict=True)) > 1e-3
+
+
+def test_lora_refused_naming_the_field() -> None:
+    """An adapter (at start from lora_adapters, or loaded later) asks the model for its targets: refused, a 400."""
+    eng = make_engine(qwen3_5_path("qwen3_5"))
+    with pytest.raises(LoraError, match="lora_adapters"):
+        eng.model.lora_targets(1)
