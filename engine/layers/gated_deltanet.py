@@ -1,8 +1,9 @@
 """Gated DeltaNet, the linear-attention layer of Qwen3.5 (transformers' Qwen3_5GatedDeltaNet), over a flat batch of
 chunks from many requests. Its state is not a paged cache: each request holds one state slot (its conv state, the
 last K - 1 inputs of the convolution, and its recurrent state, [Hv, Dk, Dv] float32 per value head), which the step
-reads at the chunk's start and writes back at its end. A chunk that starts at position 0 starts from zeros (a new
-request, or one recomputed after preemption), so a slot needs no clearing.
+writes at the chunk's end. A chunk starts from zeros at position 0 (a new request, or one recomputed after
+preemption: a slot needs no clearing), from a prefix-cache snapshot row at a hit's first chunk, else from its slot.
+A chunk that reaches a snapshot's position is cut there, and the state at the cut copied into the snapshot's row.
 
 One-token chunks after a computed context (decodes) run together through the recurrent form; every other chunk
 runs alone through the chunked form (engine/layers/gated_delta.py, or fla's kernels on CUDA: gated_delta_cuda.py)."""
@@ -95,26 +96,44 @@ class GatedDeltaNet(nn.Module):
         if dec:
             rows = torch.tensor([offsets[i] for i in dec], device=x.device)
             slots = torch.tensor([meta.state_slots[i] for i in dec], device=x.device)
+            sources = torch.tensor([meta.state_sources[i] for i in dec], device=x.device)
             core[rows] = self._run(qkv[rows, :, None], g[rows, None], beta[rows, None], conv_states, rec_states,
-                                   slots, fresh=False, rule=self.recurrent_rule)[:, 0]
+                                   slots, sources, rule=self.recurrent_rule)[:, 0]
+            for i in dec:
+                self._save(conv_states, rec_states, meta.state_slots[i], [row for _, row in meta.state_saves[i]])
         single = set(dec)
-        for i, (start, n) in enumerate(zip(meta.starts, meta.lens, strict=True)):
+        for i, n in enumerate(meta.lens):
             if i in single:
                 continue
-            lo = offsets[i]
             slot = torch.tensor([meta.state_slots[i]], device=x.device)
-            core[lo:lo + n] = self._run(qkv[lo:lo + n].T[None], g[lo:lo + n][None], beta[lo:lo + n][None],
-                                        conv_states, rec_states, slot, fresh=start == 0, rule=self.chunk_rule)[0]
+            source = torch.tensor([meta.state_sources[i]], device=x.device) if meta.state_sources[i] >= 0 else None
+            # Cut at each snapshot the chunk writes: the state there is copied into the snapshot's row.
+            saves = dict(meta.state_saves[i])
+            cuts = sorted({*saves, n})
+            lo = offsets[i]
+            for a, b in zip([0, *cuts[:-1]], cuts, strict=True):
+                core[lo + a:lo + b] = self._run(qkv[lo + a:lo + b].T[None], g[lo + a:lo + b][None],
+                                                beta[lo + a:lo + b][None], conv_states, rec_states, slot,
+                                                source if a == 0 else slot, rule=self.chunk_rule)[0]
+                if b in saves:
+                    self._save(conv_states, rec_states, meta.state_slots[i], [saves[b]])
         out = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(out.reshape(t, self.value_dim))
 
+    @staticmethod
+    def _save(conv_states: torch.Tensor, rec_states: torch.Tensor, slot: int, rows: list[int]) -> None:
+        for row in rows:
+            conv_states[row] = conv_states[slot]
+            rec_states[row] = rec_states[slot]
+
     def _run(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_states: torch.Tensor,
-             rec_states: torch.Tensor, slots: torch.Tensor, fresh: bool, rule: Any) -> torch.Tensor:
-        """B requests' chunks of equal length L: qkv [B, C, L], g/beta [B, L, Hv]; their states at `slots` [B]
-        (zeros when fresh) are read, then written back. Returns the core output [B, L, Hv, Dv]."""
+             rec_states: torch.Tensor, slots: torch.Tensor, sources: torch.Tensor | None, rule: Any) -> torch.Tensor:
+        """B requests' chunks of equal length L: qkv [B, C, L], g/beta [B, L, Hv]; their states are read from rows
+        `sources` [B] (None: zeros) and written to rows `slots` [B]. Returns the core output [B, L, Hv, Dv]."""
         b, _, length = qkv.shape
+        fresh = sources is None
         conv = torch.zeros(b, self.conv_dim, self.kernel - 1, dtype=conv_states.dtype, device=qkv.device) if fresh \
-            else conv_states.index_select(0, slots)
+            else conv_states.index_select(0, sources)  # type: ignore[arg-type]
         mixed, new_conv = causal_conv1d(qkv, conv, self.conv1d.weight[:, 0])
         conv_states.index_copy_(0, slots, new_conv.to(conv_states.dtype))
         mixed = self.act(mixed).to(qkv.dtype).transpose(1, 2)  # [B, L, C]
@@ -122,7 +141,7 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(b, length, self.num_k_heads, self.head_k_dim)
         k = k.reshape(b, length, self.num_k_heads, self.head_k_dim)
         v = v.reshape(b, length, self.num_v_heads, self.head_v_dim)
-        state = None if fresh else rec_states.index_select(0, slots)
+        state = None if sources is None else rec_states.index_select(0, sources)
         out, new_state = rule(q, k, v, g, beta, state)
         rec_states.index_copy_(0, slots, new_state.to(rec_states.dtype))
         return out

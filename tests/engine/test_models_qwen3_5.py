@@ -109,23 +109,55 @@ def test_preempted_requests_recompute_their_state() -> None:
     assert eng.scheduler.num_preemptions > 0
     for ids, out in zip(prompts, outs, strict=True):
         assert out.new_token_ids == make_engine(path).generate([ids], greedy(6))[0].new_token_ids
-    assert len(eng.kv.free_state_slots) == eng.kv.num_state_slots
+    assert eng.kv.states is not None and len(eng.kv.states.free) == eng.kv.states.running
 
 
-def test_prefix_cache_on_stays_exact() -> None:
-    """Prompts sharing a 22-token prefix, twice, with the prefix cache on: the hybrid reuses no block (its state at a
-    block boundary is not kept), so every row is computed and exact."""
+def _shared_prefix_cases() -> list[tuple[list[int], int]]:
+    """Two 22-token contexts, three endings each; rows from 0 or from inside the ending."""
+    cases = []
+    for c in range(2):
+        ctx = rand_ids(22, seed=300 + c)
+        cases += [(ctx + rand_ids(6, seed=400 + 10 * c + e), 21 if e else 0) for e in range(3)]
+    return cases
+
+
+@pytest.mark.parametrize(("interval", "cfg"), [
+    (8, {}),  # snapshots at 8 and 16: a hit resumes at 16
+    (8, {"hidden_state_store": False}),  # rows before N from the store only: a hit ends at N
+    (8, {"num_kv_blocks": 16}),  # blocks (and their snapshots) evicted while others are planned
+    (0, {}),  # no snapshots: no reuse
+])
+def test_prefix_cache_resumes_from_snapshots(interval: int, cfg: dict) -> None:
+    """Prompts sharing a prefix, twice, the prefix cache on: a hybrid's hit ends at its last kept snapshot, the
+    request's state starts from it, and every row is still exact."""
     path = qwen3_5_path("qwen3_5")
-    ctx = rand_ids(22, seed=300)
-    cases = [ctx + rand_ids(6, seed=400 + e) for e in range(3)]
-    eng = make_engine(path, enable_prefix_cache=True, max_num_batched_tokens=16)
+    cases = _shared_prefix_cases()
+    want = [hf_scores(path, ids, n) for ids, n in cases]
+    eng = make_engine(path, enable_prefix_cache=True, max_num_batched_tokens=16, hybrid_state_interval=interval,
+                      **cfg)
     for _ in range(2):
-        outs = eng.generate(cases, [scoring(0, k=2)] * 3, check=True)
-        for ids, out in zip(cases, outs, strict=True):
-            diff = max(abs(v - e) for (v, _), e in zip(out.input_token_logprobs, hf_scores(path, ids, 0),
-                                                       strict=True))
+        outs = eng.generate([ids for ids, _ in cases], [scoring(n) for _, n in cases], check=True)
+        for out, rows in zip(outs, want, strict=True):
+            diff = max(abs(v - e) for (v, _), e in zip(out.input_token_logprobs, rows, strict=True))
             assert diff <= ATOL, diff
-    assert eng.stats().prefix_cache_hit_tokens == 0
+    hits = eng.stats().prefix_cache_hit_tokens
+    if "num_kv_blocks" not in cfg:
+        assert (hits > 0) == (interval > 0), hits
+    assert eng.kv.pool.num_free == eng.kv.pool.num_blocks
+
+
+def test_generation_after_a_snapshot_hit() -> None:
+    """Greedy continuations of prompts sharing 17 tokens: the second request resumes at 16 from the snapshot and
+    decodes the same tokens as alone in a fresh engine."""
+    path = qwen3_5_path("qwen3_5")
+    ctx = rand_ids(17, seed=500)
+    prompts = [ctx + rand_ids(3, seed=501), ctx + rand_ids(5, seed=502)]
+    eng = make_engine(path, enable_prefix_cache=True, hybrid_state_interval=8)
+    first = eng.generate(prompts[:1], greedy(6), check=True)[0]
+    second = eng.generate(prompts[1:], greedy(6), check=True)[0]
+    assert second.cached_tokens == 16
+    for ids, out in zip(prompts, (first, second), strict=True):
+        assert out.new_token_ids == make_engine(path).generate([ids], greedy(6))[0].new_token_ids
 
 
 # Each part of a linear layer (and the attention's output gate), zeroed in transformers' model: the rows move.
