@@ -92,7 +92,7 @@ class EngineConfig:
     hidden_state_store: bool = _doc(True, "Keep each cached position's hidden state so scoring rows in cached "
                                     "blocks skip the transformer; off: reuse only before N.")
     # docs/design/models.md (hybrid linear attention): a snapshot is one request's state, state_bytes_per_slot.
-    hybrid_state_interval: int = _doc(512, "Hybrid models (Qwen3.5): keep the linear layers' state every this many "
+    hybrid_state_interval: int = _doc(2048, "Hybrid models (Qwen3.5): keep the linear layers' state every this many "
                                       "tokens of a cached prefix (a multiple of block_size), so a shared prefix "
                                       "resumes from its last snapshot; each costs one request's state, charged per "
                                       "cached token (state / interval) from kv_cache_bytes; 0: no prefix reuse for "

@@ -19,6 +19,7 @@ from transformers.activations import ACT2FN
 
 from engine.layers.attention import AttentionMetadata
 from engine.layers.gated_delta import causal_conv1d, chunk_gated_delta_rule, recurrent_gated_delta_rule
+from engine.layers.gated_delta_cuda import cuda_rules
 from engine.layers.linear import Linear
 
 
@@ -88,6 +89,7 @@ class GatedDeltaNet(nn.Module):
         # float32, as transformers computes it (A_log.exp() could overflow in half precision).
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)  # [T, Hv]
         core = torch.empty(t, self.num_v_heads, self.head_v_dim, dtype=x.dtype, device=x.device)
+        chunk_rule, recurrent_rule = cuda_rules(x.device, x.dtype) or (self.chunk_rule, self.recurrent_rule)
         offsets, at = [], 0
         for n in meta.lens:
             offsets.append(at)
@@ -98,7 +100,7 @@ class GatedDeltaNet(nn.Module):
             slots = torch.tensor([meta.state_slots[i] for i in dec], device=x.device)
             sources = torch.tensor([meta.state_sources[i] for i in dec], device=x.device)
             core[rows] = self._run(qkv[rows, :, None], g[rows, None], beta[rows, None], conv_states, rec_states,
-                                   slots, sources, rule=self.recurrent_rule)[:, 0]
+                                   slots, sources, rule=recurrent_rule)[:, 0]
             for i in dec:
                 self._save(conv_states, rec_states, meta.state_slots[i], [row for _, row in meta.state_saves[i]])
         single = set(dec)
@@ -114,7 +116,7 @@ class GatedDeltaNet(nn.Module):
             for a, b in zip([0, *cuts[:-1]], cuts, strict=True):
                 core[lo + a:lo + b] = self._run(qkv[lo + a:lo + b].T[None], g[lo + a:lo + b][None],
                                                 beta[lo + a:lo + b][None], conv_states, rec_states, slot,
-                                                source if a == 0 else slot, rule=self.chunk_rule)[0]
+                                                source if a == 0 else slot, rule=chunk_rule)[0]
                 if b in saves:
                     self._save(conv_states, rec_states, meta.state_slots[i], [saves[b]])
         out = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))

@@ -14,6 +14,7 @@ import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
 from engine.layers.gated_delta import causal_conv1d, chunk_gated_delta_rule, recurrent_gated_delta_rule
+from engine.layers.gated_delta_cuda import cuda_rules, fla_rules
 from engine.loading.lora import LoraError
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
 from tests.helpers.families import ATOL, check_mixed_batch, check_scoring_any_chunking
@@ -212,3 +213,23 @@ def test_lora_refused_naming_the_field() -> None:
     eng = make_engine(qwen3_5_path("qwen3_5"))
     with pytest.raises(LoraError, match="lora_adapters"):
         eng.model.lora_targets(1)
+
+
+def test_fla_kernels_chosen_on_cuda_half_precision_only() -> None:
+    """fla's rules serve CUDA half precision only (Triton's float32 dots are TF32); the torch reference elsewhere."""
+    assert cuda_rules(torch.device("cpu"), torch.bfloat16) is None
+    assert cuda_rules(torch.device("cuda"), torch.float32) is None
+
+
+def test_fla_recurrent_kernel_equals_the_reference_in_triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where fla-core is installed: its recurrent kernel, run by Triton's interpreter on CPU, equals the reference
+    from a carried state (its chunked kernel autotunes on a device, which the interpreter has not)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("fla")
+    rules = fla_rules()
+    assert rules is not None
+    q, k, v, g, beta = _rule_inputs(2, 1, seed=5)
+    state = torch.randn(2, 4, 16, 8)
+    got, got_s = rules[1](q, k, v, g, beta, state)
+    want, want_s = recurrent_gated_delta_rule(q, k, v, g, beta, state)
+    assert (got - want).abs().max() <= 1e-5 and (got_s - want_s).abs().max() <= 1e-5
