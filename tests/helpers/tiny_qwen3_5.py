@@ -42,16 +42,17 @@ QWEN3_5_FAMILIES = list(_configs())
 
 def build_qwen3_5_vl(folder: Path, seed: int = 0) -> Path:
     """A Qwen3_5ForConditionalGeneration: the dense text config above under Qwen3-VL's tiny tower (no DeepStack),
-    tests/helpers/tiny_vision.py's placeholder ids and tokenizer."""
+    tests/helpers/tiny_vision.py's placeholder ids (after a real tokenizer's base size) and tokenizer."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     from tests.helpers.tiny_vision import _IDS, SPECIAL
+    from tests.helpers.tiny_vision import VOCAB as VL_VOCAB
 
     folder.mkdir(parents=True, exist_ok=True)
-    _tokenizer(folder, SPECIAL)
+    _tokenizer(folder, SPECIAL, VL_VOCAB)
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
                   temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16)
-    text = dict(_COMMON, intermediate_size=128, max_position_embeddings=1024,
+    text = dict(_COMMON, vocab_size=VL_VOCAB, intermediate_size=128, max_position_embeddings=1024,
                 rope_parameters=dict(_COMMON["rope_parameters"], mrope_section=[1, 1, 0]))
     torch.manual_seed(seed)
     model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision, **_IDS))
