@@ -39,6 +39,8 @@ CLASSIFIER_SUFFIX = "ForSequenceClassification"
 _CLASSIFIER_OF: dict[str, str] = {
     **{arch.replace("ForCausalLM", CLASSIFIER_SUFFIX): arch for arch in MODEL_REGISTRY if arch.endswith("ForCausalLM")},
     "Gemma3TextForSequenceClassification": "Gemma3ForCausalLM",
+    # transformers' Qwen3.5 classifier of a text config (Qwen3_5ForSequenceClassification takes the vision one).
+    "Qwen3_5TextForSequenceClassification": "Qwen3_5ForCausalLM",
 }
 
 

@@ -90,6 +90,13 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
     # Per-request state beside the paged cache (engine/core/kv_cache_manager.py gives each running request a slot).
     hybrid = True
 
+    def __init__(self, cfg: Any) -> None:
+        if getattr(cfg, "text_config", None) is not None:  # transformers' Qwen3_5ForSequenceClassification
+            raise ValueError(f"architectures {getattr(cfg, 'architectures', None)} with a vision-language config "
+                             "(text_config) is not served as a classifier; Qwen3_5TextForSequenceClassification (a "
+                             "text config) is")
+        super().__init__(cfg)
+
     @classmethod
     def checkpoint_name(cls, name: str) -> str:
         """The hub's checkpoints (Qwen3_5ForConditionalGeneration's) hold the decoder under model.language_model.,

@@ -16,10 +16,12 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 from engine.layers.gated_delta import causal_conv1d, chunk_gated_delta_rule, recurrent_gated_delta_rule
 from engine.layers.gated_delta_cuda import cuda_rules, fla_rules
 from engine.loading.lora import LoraError
+from protocol.sampling import PoolingParams, SamplingParams
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
 from tests.helpers.families import ATOL, check_mixed_batch, check_scoring_any_chunking
 from tests.helpers.reference import hf_logits, hf_model, hf_scores
-from tests.helpers.tiny_qwen3_5 import QWEN3_5_FAMILIES, build_qwen3_5_vl, qwen3_5_path
+from tests.helpers.tiny_classifiers import reference_scores
+from tests.helpers.tiny_qwen3_5 import QWEN3_5_FAMILIES, build_qwen3_5_classifier, build_qwen3_5_vl, qwen3_5_path
 from tests.helpers.tiny_vision import expand, image_input, random_image, text_ids
 from tests.helpers.vision_reference import vl_scores
 
@@ -233,3 +235,15 @@ def test_fla_recurrent_kernel_equals_the_reference_in_triton_interpreter(monkeyp
     got, got_s = rules[1](q, k, v, g, beta, state)
     want, want_s = recurrent_gated_delta_rule(q, k, v, g, beta, state)
     assert (got - want).abs().max() <= 1e-5 and (got_s - want_s).abs().max() <= 1e-5
+
+
+def test_classifier_scores_as_transformers(tmp_path: Path) -> None:
+    """Qwen3_5TextForSequenceClassification: the pooled row's raw scores, prefilled in chunks of 5, cold and warm."""
+    path = build_qwen3_5_classifier(tmp_path / "cls", 3)
+    eng = make_engine(path, enable_prefix_cache=True, hybrid_state_interval=8, max_num_batched_tokens=5)
+    prompts = [rand_ids(n, seed=n) for n in (3, 21)]
+    for _ in range(2):
+        outs = eng.generate(prompts, SamplingParams(max_tokens=0, pooling=PoolingParams()), check=True)
+        for ids, out in zip(prompts, outs, strict=True):
+            want = reference_scores(path, ids)
+            assert max(abs(a - b) for a, b in zip(out.pooled, want, strict=True)) <= ATOL

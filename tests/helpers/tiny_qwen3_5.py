@@ -63,6 +63,22 @@ def build_qwen3_5_vl(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def build_qwen3_5_classifier(folder: Path, num_labels: int, seed: int = 0) -> Path:
+    """A Qwen3_5TextForSequenceClassification of the dense config above (a `score` head of num_labels)."""
+    from transformers import Qwen3_5TextForSequenceClassification
+
+    folder.mkdir(parents=True, exist_ok=True)
+    _tokenizer(folder)
+    cfg = Qwen3_5TextConfig(**_COMMON, intermediate_size=128, num_labels=num_labels)
+    torch.manual_seed(seed)
+    model = Qwen3_5TextForSequenceClassification(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
 def build_qwen3_5(folder: Path, family: str, seed: int = 0) -> Path:
     """Writes config.json + model.safetensors + tokenizer into folder; returns folder."""
     folder.mkdir(parents=True, exist_ok=True)
