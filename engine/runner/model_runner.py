@@ -56,8 +56,10 @@ class ModelRunner:
         num_slots = num_blocks * self.block_size
         # The varlen backend gets one block past the pool's: the decode graphs' padding rows write and read it.
         varlen = isinstance(self.backend, VarlenPagedAttention)
-        self.kv_caches = model.make_kv_caches(num_slots + (self.block_size if varlen else 0), device,
-                                              state_slots=state_rows)
+        slots = num_slots + (self.block_size if varlen else 0)
+        # Only a hybrid takes state rows (a family's own make_kv_caches may not know the argument).
+        self.kv_caches = (model.make_kv_caches(slots, device, state_slots=state_rows) if model.hybrid
+                          else model.make_kv_caches(slots, device))
         # The last layer's hidden state (before the row-wise final norm) of every computed position, by KV slot,
         # so a scoring row in a cached block needs only the LM head. hidden/(2 x layers x kv_heads x head_dim)
         # of the KV cache's size: 5% for SmolLM2, 6% for an 8B Llama.
