@@ -14,7 +14,8 @@ Tools, by folder (bench/lib/ holds the harness, timing and reports; bench/worklo
                request during a long prefill), families (Qwen3-/MoE-shaped weights vs transformers), tp (tensor
                parallelism's per-step cost), score_memory (a scoring chunk's peak bytes per logit on CPU),
                head_dtype (a float32 LM head's time and memory against the bfloat16 head), image_budget (the
-               image budget's peak memory and step time with 448- and 1344-pixel images)
+               image budget's peak memory and step time with 448- and 1344-pixel images), hybrid (Qwen3.5's
+               state snapshots: memory per cached token, cached vs cold scoring of a prompt sharing 90%)
   device/      cuda_check (the prepared GPU run: float32 exactness, 8B bf16 MFU; --cpu-smoke on CPU)
   serving/     offline (rayscore-batch vs a loop), prefix_routing (cache-aware routing), front_door (Serve's
                Python proxy vs HAProxy), peer_vllm (vLLM 0.32's CPU build on the same requests: answers field by
@@ -89,7 +90,7 @@ _TOOLS = {
     "long_prefill": "bench.features.long_prefill", "families": "bench.features.families", "tp": "bench.features.tp",
     "lora": "bench.features.lora", "classify": "bench.features.classify",
     "score_memory": "bench.features.score_memory", "head_dtype": "bench.features.head_dtype",
-    "image_budget": "bench.features.image_budget",
+    "image_budget": "bench.features.image_budget", "hybrid": "bench.features.hybrid",
     "cuda_check": "bench.device.cuda_check",
     "reliability": "checks.reliability", "offline": "bench.serving.offline",
     "lm_eval_compare": "checks.lm_eval_compare", "prefix_routing": "bench.serving.prefix_routing",

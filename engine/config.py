@@ -91,6 +91,12 @@ class EngineConfig:
     # Off: cached blocks are reused only before the scoring boundary N (SGLang's rule).
     hidden_state_store: bool = _doc(True, "Keep each cached position's hidden state so scoring rows in cached "
                                     "blocks skip the transformer; off: reuse only before N.")
+    # docs/design/models.md (hybrid linear attention): a snapshot is one request's state, state_bytes_per_slot.
+    hybrid_state_interval: int = _doc(2048, "Hybrid models (Qwen3.5): keep the linear layers' state every this many "
+                                      "tokens of a cached prefix (a multiple of block_size), so a shared prefix "
+                                      "resumes from its last snapshot; each costs one request's state, charged per "
+                                      "cached token (state / interval) from kv_cache_bytes; 0: no prefix reuse for "
+                                      "hybrids.")
     # engine/invariant/mode.py: fixed matmul tiles, block attention from position 0, tiled log-softmax, no shortcut.
     batch_invariant: bool = _doc(False, "Batch-invariant mode: a request's values have the same float bits whatever "
                                  "else runs, wherever its chunks fall and whatever is cached (slower: "
@@ -149,6 +155,9 @@ class EngineConfig:
         for name in ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.hybrid_state_interval < 0 or self.hybrid_state_interval % self.block_size:
+            raise ValueError(f"hybrid_state_interval must be 0 or a positive multiple of block_size "
+                             f"({self.block_size}), got {self.hybrid_state_interval}")
         if self.tensor_parallel_size <= 0:
             raise ValueError(f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}")
         if self.pipeline_parallel_size <= 0:

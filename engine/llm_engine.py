@@ -14,6 +14,7 @@ from engine.core.adapter_queue import AdapterQueue
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import ScheduledChunk, Scheduler
 from engine.core.sequence import Sequence
+from engine.core.state_slots import StateSlots
 from engine.loading.default_model import resolve_model_path
 from engine.loading.loader import eos_token_ids, load_model, load_tokenizer, resolve_device
 from engine.loading.lora import LoraError
@@ -74,16 +75,17 @@ class LLMEngine:
             stages = [hi - lo for lo, hi in stage_layers(self.hf_config.get_text_config().num_hidden_layers,
                                                          config.pipeline_parallel_size)]
             per_block = per_block // stages[0] * max(stages)
-        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block)
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
+        num_blocks, states = self._cache_layout(config, per_block)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache, states)
         # With tensor parallelism rank 0's manager sends each adapter load and eviction to the other ranks.
         self.lora = LoraManager(self.model, config, self.device, self.parallel)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
                                    hidden_state_store=config.hidden_state_store,
                                    long_prefill_token_threshold=config.long_prefill_token_threshold,
                                    adapters=AdapterQueue(self.lora), max_image_patches=self._image_budget(config))
+        rows = states.running + states.num_snapshots if states is not None else 0
         self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel, self.lora,
-                                  self.max_model_len)
+                                  self.max_model_len, state_rows=rows)
         if self.parallel is not None:
             self.parallel.start(num_blocks)
         # The served weights' name (SGLang's weight_version): set by each update (engine/loading/weight_update.py).
@@ -95,6 +97,23 @@ class LLMEngine:
         self.num_finished = 0
         self.counters = EngineCounters()
         self._ids = itertools.count()
+
+    def _cache_layout(self, config: EngineConfig, per_block: int) -> tuple[int, StateSlots | None]:
+        """(KV blocks, a hybrid's state rows). A hybrid's running slots (max_num_seqs) come out of kv_cache_bytes
+        first; its prefix-cache snapshots (one per hybrid_state_interval cached tokens) are charged per block."""
+        slot = self.model.state_bytes_per_slot()
+        if not self.model.hybrid:
+            return config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block), None
+        every = config.hybrid_state_interval if config.enable_prefix_cache else 0
+        running = config.max_num_seqs * slot
+        if running >= config.kv_cache_bytes and not config.num_kv_blocks:
+            raise ValueError(f"kv_cache_bytes {config.kv_cache_bytes} leaves no KV block beside the "
+                             f"{config.max_num_seqs} state slots of {type(self.model).__name__} ({running} bytes: "
+                             f"max_num_seqs x {slot}); raise kv_cache_bytes or lower max_num_seqs")
+        block = per_block + (config.block_size * slot // every if every else 0)
+        num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_bytes - running) // block)
+        return num_blocks, StateSlots(config.max_num_seqs, num_blocks * config.block_size // every if every else 0,
+                                      every)
 
     # --- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,

@@ -28,6 +28,8 @@ class ScheduledChunk:
     start: int
     # Tokens computed in this step: positions start .. start + num_tokens - 1.
     num_tokens: int
+    # A hybrid's state snapshots this chunk writes: (tokens into the chunk, snapshot row) (state_slots.py).
+    snapshots: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -83,12 +85,16 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.kv.states is not None:
+            self.kv.states.start_step()
         if self.images is not None:
             self.images.start_step(sum(seq.images.held_patches for seq in self.running if seq.images is not None))
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:  # a step that had to preempt admits nobody new
             budget = self._schedule_waiting(out, budget)
         self._extend_capped(out, budget)
+        for chunk in out.chunks:  # once each chunk's length is final
+            chunk.snapshots = self.kv.plan_snapshots(chunk.seq, chunk.start, chunk.num_tokens)
         out.image_patches = self._image_patches(out)
         return out
 
@@ -211,6 +217,8 @@ class Scheduler:
         it (None when the chunk does not end a generating request's context)."""
         seq = chunk.seq
         seq.num_computed_tokens += chunk.num_tokens
+        if chunk.num_tokens:
+            seq.state_from = None  # read by this chunk: its state is in its own slot now
         if seq.images is not None:
             seq.images.release(seq.num_computed_tokens)
         seq.num_scored_rows += num_scored_rows

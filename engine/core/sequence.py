@@ -32,6 +32,12 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        # A hybrid model's per-request state slot (its linear layers' conv and recurrent state), held from the first
+        # allocation of its blocks to their release (engine/core/kv_cache_manager.py); None: none held.
+        self.state_slot: int | None = None
+        # The prefix-cache snapshot row its state starts from at its first computed chunk (a hybrid's hit), until
+        # that chunk is computed; None: from zeros at position 0, else from its own slot.
+        self.state_from: int | None = None
         # Chained hashes of the full blocks at the head of block_table (the prefix cache's keys).
         self.block_hashes: list[int] = []
         self.status = SequenceStatus.WAITING

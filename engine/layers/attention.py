@@ -39,6 +39,12 @@ class AttentionMetadata:
     plans: dict[str, Any] = field(default_factory=dict)
     # Per request: its KV-cache block ids in position order (VarlenPagedAttention reads the cache through them).
     block_tables: list[list[int]] = field(default_factory=list)
+    # A hybrid model's linear layers (engine/layers/gated_deltanet.py; empty otherwise), per request: its state slot;
+    # the row its chunk's state starts from (-1: zeros, at position 0; its slot, or a prefix-cache snapshot); and the
+    # snapshots its chunk writes, (tokens into the chunk, row).
+    state_slots: list[int] = field(default_factory=list)
+    state_sources: list[int] = field(default_factory=list)
+    state_saves: list[list[tuple[int, int]]] = field(default_factory=list)
 
     def finalize(self, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         offsets, offset = [], 0

@@ -30,6 +30,10 @@ def load_sharded(config: EngineConfig, group: TPGroup) -> tuple[LlamaForCausalLM
         raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} and pipeline_parallel_size "
                          f"{config.pipeline_parallel_size} are not available for the vision-language model "
                          f"{type(model).__name__}; serve it with both at 1")
+    if model.hybrid:  # the linear layers' state slots are neither split across ranks nor cut into stages
+        raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} and pipeline_parallel_size "
+                         f"{config.pipeline_parallel_size} are not available for the hybrid model "
+                         f"{type(model).__name__}; serve it with both at 1")
     if group.stages > 1:
         cut_stage(model, group.stage, group.stages)
     if group.size > 1:

@@ -27,6 +27,9 @@ MODEL_REGISTRY: dict[str, str] = {
     "Qwen3VLForConditionalGeneration": "qwen3_vl",
     "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5_vl",
 }
 
 
@@ -36,6 +39,8 @@ CLASSIFIER_SUFFIX = "ForSequenceClassification"
 _CLASSIFIER_OF: dict[str, str] = {
     **{arch.replace("ForCausalLM", CLASSIFIER_SUFFIX): arch for arch in MODEL_REGISTRY if arch.endswith("ForCausalLM")},
     "Gemma3TextForSequenceClassification": "Gemma3ForCausalLM",
+    # transformers' Qwen3.5 classifier of a text config (Qwen3_5ForSequenceClassification takes the vision one).
+    "Qwen3_5TextForSequenceClassification": "Qwen3_5ForCausalLM",
 }
 
 

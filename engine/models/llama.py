@@ -151,6 +151,8 @@ class LlamaForCausalLM(nn.Module):
     norm_cls: type[nn.Module] = RMSNorm
     # Takes images (engine/models/vision/language.py): [3, T] M-RoPE positions and a step's image rows.
     multimodal = False
+    # Keeps per-request state slots beside the paged cache (Qwen3.5's linear attention: state_bytes_per_slot).
+    hybrid = False
 
     @classmethod
     def checkpoint_name(cls, name: str) -> str:
@@ -245,7 +247,8 @@ class LlamaForCausalLM(nn.Module):
         self.final_logit_softcap: float | None = None
         # EngineConfig.float32_head (set by the loader): the head projects the upcast norm output in float32.
         self.float32_head = False
-        head = self.model.layers[0].self_attn if cfg.num_hidden_layers else None
+        # The first layer with attention (a hybrid's first layers may have none).
+        head = next((layer.self_attn for layer in self.model.layers if hasattr(layer, "self_attn")), None)
         self.num_kv_heads = head.num_kv_heads if head else 0
         self.head_dim = head.head_dim if head else 0
 
@@ -271,10 +274,16 @@ class LlamaForCausalLM(nn.Module):
         and make_kv_caches together)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
 
-    def make_kv_caches(self, num_slots: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def state_bytes_per_slot(self) -> int:
+        """Bytes of one request's state slot beside the paged cache (a hybrid's linear layers); 0: none."""
+        return 0
+
+    def make_kv_caches(self, num_slots: int, device: torch.device,
+                       state_slots: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The paged cache of each of this model's layers, in layer order: a (K, V) pair of [slots, ...] tensors,
         slot = block * block_size + offset. The model owns the layout because families differ (a latent per token,
-        layers with no paged cache, a pipeline stage's layers only); the runner and the ranks only allocate it."""
+        layers with no paged cache, a pipeline stage's layers only); the runner and the ranks only allocate it.
+        state_slots: how many per-request state slots a hybrid allocates (unused by others)."""
         shape = (num_slots, self.num_kv_heads, self.head_dim)  # [slots, Hkv, D]
         return [(torch.zeros(shape, dtype=self.dtype, device=device),
                  torch.zeros(shape, dtype=self.dtype, device=device)) for _ in range(self.num_layers)]

@@ -33,8 +33,10 @@ def choose_attention(config: EngineConfig, model: LlamaForCausalLM, device: torc
     if config.world_size > 1:  # the follower ranks run TorchPagedAttention on the driver's metadata
         log.info("attention: torch paged path (a split worker runs the varlen backend on no rank)")
         return TorchPagedAttention()
-    softcap = any(layer.self_attn.softcap is not None for layer in model.model.layers)
-    sinks = any(getattr(layer.self_attn, "sinks", None) is not None for layer in model.model.layers)
+    # A hybrid's linear-attention layers have no self_attn.
+    attns = [layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")]
+    softcap = any(attn.softcap is not None for attn in attns)
+    sinks = any(getattr(attn, "sinks", None) is not None for attn in attns)
     kernel, reason = cuda_kernel(device, model.dtype, config.block_size, model.head_dim, softcap,
                                  half_only=want == "auto", sinks=sinks)
     if kernel is not None:

@@ -34,10 +34,11 @@ log = logging.getLogger(__name__)
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig, device: torch.device, num_blocks: int,
                  parallel: TensorParallel | None = None, lora: LoraManager | None = None,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, state_rows: int = 0) -> None:
         """parallel: rank 0's handle on the other ranks when the model is split (model is then this rank's
         shard); it announces each forward and runs the vocab-parallel LM head. max_model_len: the longest
-        context (sizes the decode graphs' block table; default: the model's max_position_embeddings)."""
+        context (sizes the decode graphs' block table; default: the model's max_position_embeddings). state_rows: a
+        hybrid's state rows, running slots and prefix-cache snapshots (engine/core/state_slots.py)."""
         self.model = model
         self.parallel = parallel
         self.lora = lora
@@ -55,7 +56,10 @@ class ModelRunner:
         num_slots = num_blocks * self.block_size
         # The varlen backend gets one block past the pool's: the decode graphs' padding rows write and read it.
         varlen = isinstance(self.backend, VarlenPagedAttention)
-        self.kv_caches = model.make_kv_caches(num_slots + (self.block_size if varlen else 0), device)
+        slots = num_slots + (self.block_size if varlen else 0)
+        # Only a hybrid takes state rows (a family's own make_kv_caches may not know the argument).
+        self.kv_caches = (model.make_kv_caches(slots, device, state_slots=state_rows) if model.hybrid
+                          else model.make_kv_caches(slots, device))
         # The last layer's hidden state (before the row-wise final norm) of every computed position, by KV slot,
         # so a scoring row in a cached block needs only the LM head. hidden/(2 x layers x kv_heads x head_dim)
         # of the KV cache's size: 5% for SmolLM2, 6% for an 8B Llama.
@@ -71,7 +75,7 @@ class ModelRunner:
                                 lse_store=store, batch_invariant=self.invariant, parallel=parallel)
         self.graphs: DecodeGraphs | None = None
         if (varlen and self.backend.kernel is not varlen_attention_reference and config.cuda_graphs
-                and parallel is None and device.type == "cuda" and not model.multimodal):
+                and parallel is None and device.type == "cuda" and not model.multimodal and not model.hybrid):
             self.graphs = self.decode_graphs(num_blocks, max_model_len, capture=True)
 
     def decode_graphs(self, num_blocks: int, max_model_len: int | None, capture: bool) -> DecodeGraphs | None:

@@ -152,6 +152,11 @@ class StepPlanner:
                 meta.starts.append(start)
                 meta.lens.append(n)
                 meta.block_tables.append(seq.block_table)
+                if seq.state_slot is not None:
+                    meta.state_slots.append(seq.state_slot)
+                    from_row = seq.state_from if seq.state_from is not None else seq.state_slot
+                    meta.state_sources.append(-1 if start == 0 else from_row)
+                    meta.state_saves.append(chunk.snapshots)
             layouts.append(layout)
             offset += n
         used = [s + n for s, n in zip(meta.starts, meta.lens, strict=True)]

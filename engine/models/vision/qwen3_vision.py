@@ -58,7 +58,8 @@ class Qwen3VisionTower(nn.Module):
         self.blocks = nn.ModuleList([VisionBlock(cfg.hidden_size, cfg.num_heads, norm, VisionMLP(cfg))
                                      for _ in range(cfg.depth)])
         self.merger = PatchMerger(cfg, postshuffle=False)
-        self.deepstack_indexes = list(cfg.deepstack_visual_indexes)
+        # Qwen3.5's tower has none (its config drops the field).
+        self.deepstack_indexes = list(getattr(cfg, "deepstack_visual_indexes", None) or [])
         self.deepstack_merger_list = nn.ModuleList([PatchMerger(cfg, postshuffle=True)
                                                     for _ in self.deepstack_indexes])
         self.theta = float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
