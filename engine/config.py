@@ -117,6 +117,9 @@ class EngineConfig:
     pipeline_parallel_size: int = _doc(1, "Pipeline stages one worker cuts the layers into, each a tensor-parallel "
                                        "group of tensor_parallel_size ranks (one node each); activations go stage "
                                        "to stage. 1: no pipeline.")
+    expert_parallel: bool = _doc(False, "With tensor_parallel_size N > 1: each rank holds E/N whole experts of "
+                                 "every mixture-of-experts block (num_experts divisible by N) instead of 1/N of "
+                                 "every expert's width (the default). No effect on dense models or one rank.")
     # Ray sets OMP_NUM_THREADS=1 in small actors, so a worker sets this from its CPU count (deploy/config.py).
     num_threads: int | None = _doc(None, "torch intra-op threads; default: torch's own.")
     cache_dir: str | None = _doc(None, "Where the default model is converted; default: the user's cache dir or "

@@ -13,7 +13,8 @@ What a family overrides: route() (the router's scores and top-k), activate() (th
 The experts' computation is engine/layers/moe_dispatch.py's, over the (token, expert) pairs sorted by expert.
 
 Under tensor parallelism (engine/parallel/shard.py) each rank holds W/N of every expert's gate/up rows and down
-columns, and `group` is set: the routed and shared partial sums are added, then all-reduced once."""
+columns (or, with expert parallelism, E/N whole experts: `expert_range`), and `group` is set: the routed and shared
+partial sums are added, then all-reduced once."""
 
 from __future__ import annotations
 
@@ -79,6 +80,8 @@ class SparseMoeBlock(nn.Module):
         self.gate_up_bias: torch.Tensor | None = None  # [E, 2W]
         self.down_bias: torch.Tensor | None = None  # [E, H]
         self.group: Any = None  # the TPGroup whose ranks hold the other shares (engine/parallel/shard.py)
+        # Expert parallelism: the experts [lo, hi) this rank holds whole (the stacks' rows); None: all of them.
+        self.expert_range: tuple[int, int] | None = None
 
     def fuse(self) -> None:
         """Stack the experts (gate and up side by side, as transformers' Qwen3MoeExperts.gate_up_proj); fuse the
@@ -122,10 +125,18 @@ class SparseMoeBlock(nn.Module):
         flat = idx.flatten()  # [T * k] expert of each (token, slot) pair
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts)
-        rows = x[order // k]  # [T * k, hidden] each pair's token, grouped by expert
-        out = run_experts(rows, counts, self.gate_up, self.down, self.gate_up_bias, self.down_bias, self.activate)
-        pairs = torch.empty_like(out)
-        pairs[order] = out  # back to (token, slot) order
+        if self.expert_range is None:
+            mine = order
+            pairs = torch.empty(t * k, hidden, dtype=x.dtype, device=x.device)
+        else:  # only the pairs of this rank's experts: a contiguous run of the sorted pairs; the others stay 0
+            lo, hi = self.expert_range
+            ends = torch.cumsum(counts, 0)
+            start, end = torch.stack([ends[lo] - counts[lo], ends[hi - 1]]).tolist()
+            mine, counts = order[start:end], counts[lo:hi]
+            pairs = torch.zeros(t * k, hidden, dtype=x.dtype, device=x.device)
+        rows = x[mine // k]  # [pairs, hidden] each pair's token, grouped by expert
+        pairs[mine] = run_experts(rows, counts, self.gate_up, self.down, self.gate_up_bias, self.down_bias,
+                                  self.activate)  # back to (token, slot) order
         # Weighted in the model dtype, then summed over the k slots: transformers adds expert by expert, which
         # rounds the same sum in another order (float32: ~1e-7 apart).
         return (pairs.view(t, k, hidden) * weights[..., None]).sum(dim=1)

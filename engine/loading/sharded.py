@@ -37,7 +37,7 @@ def load_sharded(config: EngineConfig, group: TPGroup) -> tuple[LlamaForCausalLM
     if group.stages > 1:
         cut_stage(model, group.stage, group.stages)
     if group.size > 1:
-        shard_model(model, group)
+        shard_model(model, group, config.expert_parallel)
     model.to(group.device)
     model.rope_to(group.device)
     exact_float32(group.device, config.dtype)  # loaded on the CPU above: keep a CUDA rank's float32 out of TF32

@@ -4,6 +4,12 @@
   KV heads split the same way when N divides Hkv, else (Hkv divides N) each KV head is replicated on N/Hkv ranks;
 - o_proj: row parallel (the input columns of rank r's heads), one all-reduce, bias added once after it;
 - fused gate/up: column parallel by intermediate rows; down_proj: row parallel, one all-reduce;
+- mixture-of-experts blocks (engine/layers/moe.py), one all-reduce per block. By default every expert is split like
+  the dense MLP: rank r holds rows [r W/N, (r+1) W/N) of each expert's gate and up and those columns of its down
+  (down_bias on rank 0 only, so the sum adds it once). With expert_parallel, rank r holds whole experts
+  [r E/N, (r+1) E/N) and computes only the (token, expert) pairs routed to them; the others' rows are zeros, so the
+  sum adds each pair once. The router stays whole on every rank (each routes every token the same); a shared expert
+  is split as the dense MLP, its down projection's partial sum added to the routed one before the block's all-reduce;
 - LM head: vocabulary parallel, contiguous ranges of ceil(V/N) rows (vocab.py); the embedding stays replicated
   (a row lookup: no collective per step, for V x hidden values per rank);
 - attention sinks (gpt-oss, one logit per query head): split with the query heads;
@@ -25,6 +31,7 @@ from torch import nn
 from engine.layers.linear import Linear, linear
 from engine.layers.lora import Shard
 from engine.layers.mla import MultiHeadLatentAttention
+from engine.layers.moe import SparseMoeBlock
 from engine.models.llama import MLP, LlamaForCausalLM
 from engine.parallel.group import TPGroup
 
@@ -54,7 +61,7 @@ def vocab_range(vocab: int, rank: int, size: int) -> tuple[int, int]:
     return min(vocab, rank * width), min(vocab, (rank + 1) * width)
 
 
-def refusals(model: LlamaForCausalLM, size: int) -> list[str]:
+def refusals(model: LlamaForCausalLM, size: int, expert_parallel: bool = False) -> list[str]:
     """Why `model` cannot be split over `size` ranks, each naming its config field; empty: it can."""
     cfg = model.config
     found: list[str] = []
@@ -67,29 +74,41 @@ def refusals(model: LlamaForCausalLM, size: int) -> list[str]:
             found.append(f"num_attention_heads {hq} is not divisible by tensor_parallel_size {size}")
         if hkv % size and size % hkv:
             found.append(f"num_key_value_heads {hkv} neither divides nor is divisible by tensor_parallel_size {size}")
+    widths: dict[str, int] = {}  # config field -> a width that must split evenly
     for layer in model.model.layers:
-        if not isinstance(layer.mlp, MLP):
-            found.append("mixture-of-experts MLP blocks (num_experts) are not split across ranks")
-            break
-        if layer.mlp.intermediate_size % size:
-            found.append(f"intermediate_size {layer.mlp.intermediate_size} is not divisible by "
-                         f"tensor_parallel_size {size}")
-            break
+        mlp = layer.mlp
+        if isinstance(mlp, SparseMoeBlock):
+            if expert_parallel:
+                widths["num_experts"] = mlp.num_experts
+            else:
+                widths["moe_intermediate_size"] = mlp.width
+            if isinstance(mlp.shared_expert, MLP):
+                widths["shared_expert_intermediate_size"] = mlp.shared_expert.intermediate_size
+        elif isinstance(mlp, MLP):
+            widths["intermediate_size"] = mlp.intermediate_size
+        else:
+            found.append(f"{type(mlp).__name__} MLP blocks are not split across ranks")
+    found += [f"{name} {width} is not divisible by tensor_parallel_size {size}"
+              for name, width in widths.items() if width % size]
     if not model.classifier and vocab_range(cfg.vocab_size, size - 1, size)[0] >= cfg.vocab_size:
         found.append(f"vocab_size {cfg.vocab_size} leaves a rank of tensor_parallel_size {size} no vocabulary")
     return found
 
 
-def shard_model(model: LlamaForCausalLM, group: TPGroup) -> None:
-    """Keep this rank's shard of every split weight (in place); raises ValueError naming what cannot be split."""
+def shard_model(model: LlamaForCausalLM, group: TPGroup, expert_parallel: bool = False) -> None:
+    """Keep this rank's shard of every split weight (in place); raises ValueError naming what cannot be split.
+    expert_parallel: MoE blocks hold whole experts per rank instead of a share of every expert."""
     rank, size = group.rank, group.size
-    broken = refusals(model, size)
+    broken = refusals(model, size, expert_parallel)
     if broken:
         raise ValueError(f"{type(model).__name__} cannot be served with tensor_parallel_size {size}: "
                          + "; ".join(broken))
     for layer in model.model.layers:
         _shard_attention(layer.self_attn, rank, size, group)
-        _shard_mlp(layer.mlp, rank, size, group)
+        if isinstance(layer.mlp, SparseMoeBlock):
+            shard_moe(layer.mlp, rank, size, group, expert_parallel)
+        else:
+            _shard_mlp(layer.mlp, rank, size, group)
     model.num_kv_heads = model.model.layers[0].self_attn.num_kv_heads if model.num_layers else 0
     if model.classifier:  # the score head stays whole: rank 0 applies it to a pooled row, the same on every rank
         return
@@ -145,3 +164,58 @@ def _shard_mlp(mlp: MLP, rank: int, size: int, group: TPGroup) -> None:
     down = mlp.down_proj
     mlp.down_proj = _row(down.weight, down.bias, lo, hi, group)
     mlp.intermediate_size = local
+
+
+def _local_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    out = Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    out.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+    if bias is not None:
+        out.bias = nn.Parameter(bias, requires_grad=False)
+    return out
+
+
+def shard_moe(block: SparseMoeBlock, rank: int, size: int, group: TPGroup | None, expert_parallel: bool) -> None:
+    """This rank's share of an MoE block (the module docstring's layout); group: the ranks whose partial sums the
+    block all-reduces (None: the caller sums them, as a test of the split alone may)."""
+    gate_up, down = block.gate_up, block.down
+    assert gate_up is not None and down is not None, "fuse() before the split"
+    gub, db = block.gate_up_bias, block.down_bias
+    if expert_parallel:
+        local = block.num_experts // size
+        lo, hi = rank * local, (rank + 1) * local
+        block.expert_range = (lo, hi)
+        gate_up, down = gate_up[lo:hi], down[lo:hi]
+        gub = gub[lo:hi] if gub is not None else None
+        db = db[lo:hi] if db is not None else None  # each pair on one rank: its bias too
+    else:
+        width = block.width
+        local = width // size
+        lo, hi = rank * local, (rank + 1) * local
+        gate_up = torch.cat([gate_up[:, lo:hi], gate_up[:, width + lo:width + hi]], dim=1)
+        down = down[:, :, lo:hi]
+        if gub is not None:
+            gub = torch.cat([gub[:, lo:hi], gub[:, width + lo:width + hi]], dim=1)
+        db = db if rank == 0 else None  # added once, by rank 0's partial sum
+        block.width = local
+    # New parameters, not views: the whole stacks are freed (a stacked checkpoint's too).
+    if hasattr(block, "experts"):
+        del block.experts
+    block.gate_up, block.down = _frozen(gate_up), _frozen(down)
+    block.gate_up_bias = _frozen(gub) if gub is not None else None
+    block.down_bias = _frozen(db) if db is not None else None
+    shared = block.shared_expert
+    if isinstance(shared, MLP):
+        width = shared.intermediate_size
+        local = width // size
+        lo, hi = rank * local, (rank + 1) * local
+        gu = shared.gate_up_proj
+        assert gu is not None
+        shared.gate_up_proj = _column([(lo, hi), (width + lo, width + hi)], gu.weight, gu.bias, [width, width])
+        d = shared.down_proj  # a partial sum, reduced with the routed one by the block's all-reduce
+        shared.down_proj = _local_linear(d.weight[:, lo:hi], d.bias if rank == 0 else None)
+        shared.intermediate_size = local
+    block.group = group
+
+
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t.contiguous(), requires_grad=False)

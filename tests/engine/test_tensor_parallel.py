@@ -119,11 +119,6 @@ def test_other_families_split_over_two_ranks(tmp_path: Path, family: str) -> Non
     _check_greedy(path, ids[:11], 5, generated, alone[1])
 
 
-def test_mixture_of_experts_is_refused(tmp_path: Path) -> None:
-    model, _ = load_model(build_family(tmp_path / "moe", "qwen3-moe"), "float32", torch.device("cpu"))
-    assert any("mixture-of-experts" in b and "num_experts" in b for b in refusals(model, 2))
-
-
 def test_split_engine_scores_at_a_temperature_with_token_ids(tiny_models) -> None:
     """input_logprob_temperature and token_ids_logprob through the vocab-parallel head: rows, top-k and the asked
     ids equal log_softmax(transformers logits / T) and one device, cold and warm (a row at T != 1 never takes the
