@@ -23,6 +23,9 @@ Sections, each in its own try (a failing one prints its traceback and the others
   gpt_oss    float32: a 4-layer gpt-oss (sinks, windows of 128, YaRN, biased experts) against transformers' eager
              forward: torch path, chunked, warm, greedy, and the varlen backend (Triton kernel: flash has no sinks);
              bfloat16: the automatic backend against the torch path (bench/device/gpt_oss.py)
+  moe        only with --section moe (the default run fills its 540 s): one MoE layer's experts by the loop and
+             by the grouped Triton kernel (bench/device/moe.py) at Qwen3-30B-A3B's and Qwen3-235B-A22B's layer
+             shapes: bf16 ms at 16 and 2048 tokens, f32 max difference
 Each section needs some seconds left to start (bf16 keeps 8 of the 32 layers when under 150 are left); once the
 run passes --budget-s (540, PLAN's total with room: under a device call's 600 s) the sections left are skipped with
 a note. On CUDA each section first checks that the GPU memory PLAN gives it is available (free plus what this run
@@ -71,7 +74,10 @@ class Run:
 # in bfloat16 and float32 (~11 GiB), the engine's scoring chunk (<= 4.4 GiB). Every section fits an 80 GB card.
 PLAN: dict[str, tuple[float, float]] = {
     "env": (5, 0.1), "exact": (45, 4), "bf16": (90, 42), "ragged": (120, 70), "prefill": (20, 56),
-    "mc": (25, 70), "generate": (90, 62), "invariant": (60, 4), "mla": (50, 8), "gpt_oss": (15, 4)}
+    "mc": (25, 70), "generate": (90, 62), "invariant": (60, 4), "mla": (50, 8), "gpt_oss": (15, 4),
+    "moe": (15, 12)}
+# Run only when --section names them: the default run's sections fill the 540 s of one device call.
+OPT_IN = frozenset({"moe"})
 STARTUP_S = 20  # python and torch imports, CUDA context, the matmul peak measurement
 
 
@@ -207,11 +213,13 @@ def sections() -> dict[str, tuple[float | None, Callable[[Run], dict[str, Any]]]
     from bench.device.exact import exact_section
     from bench.device.gpt_oss import gpt_oss_section
     from bench.device.mla import mla_section
+    from bench.device.moe import moe_section
 
     return {"env": (None, env_section), "exact": (30, exact_section), "bf16": (60, bf16_section),
             "ragged": (60, w.ragged_section), "prefill": (20, w.prefill_section), "mc": (30, w.mc_section),
             "generate": (45, w.generate_section), "invariant": (30, invariant_section), "mla": (40, mla_section),
-            "gpt_oss": (15, gpt_oss_section)}
+            "gpt_oss": (15, gpt_oss_section),
+            "moe": (20, moe_section)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -227,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parents[1] / "results"))
     a = ap.parse_args(argv)
     if a.plan:
-        print("\n".join(plan_lines([n for n in PLAN if not a.section or n in a.section])))
+        print("\n".join(plan_lines([n for n in PLAN if n in a.section] if a.section else
+                                    [n for n in PLAN if n not in OPT_IN])))
         return
     t0 = time.perf_counter()
     smoke = a.cpu_smoke or not torch.cuda.is_available()
@@ -244,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="rayscore-cuda-check-") as tmp:
         run = Run(device, smoke, Path(tmp), t0 + a.budget_s, a.layers_8b, tf32)
         for name, (needs_s, fn) in sections().items():
-            if a.section and name not in a.section:
+            if (name not in a.section) if a.section else name in OPT_IN:
                 continue
             s0 = time.perf_counter()
             no_memory = memory_blocker(device, PLAN[name][1])

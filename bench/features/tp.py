@@ -4,6 +4,8 @@ bytes each rank moves per scoring row with the vocab-parallel log-softmax agains
 
     python -m bench tp [--model PATH] [--sizes 1 2 3 1x2] [--threads 1] [--prompts 8] [--tokens 256] [--decode 32]
     python -m bench tp --smoke          (tiny sizes: checks the tool runs; figures meaningless)
+    python -m bench tp --moe [--sizes 1 2] (MOE_SHAPE: each N > 1 twice, experts split by width, then whole
+                                            experts per rank: expert_parallel)
 
 Default model: SmolLM2-135M's shape with random weights (hidden 576, 30 layers, MLP 1536, vocab 49,152, tied) but
 12 query / 6 KV heads of 48, so that 2 and 3 both divide them (the embedded SmolLM2's 9 / 3 heads take 1 and 3:
@@ -37,15 +39,22 @@ SHAPE: dict[str, Any] = dict(vocab_size=49152, hidden_size=576, intermediate_siz
                              rms_norm_eps=1e-5, tie_word_embeddings=True,
                              rope_parameters={"rope_type": "default", "rope_theta": 100000.0})
 SMOKE: dict[str, Any] = dict(vocab_size=1536, hidden_size=96, intermediate_size=192, num_hidden_layers=2)
+# Qwen3-30B-A3B's proportions at SHAPE's width: 128 experts of 768 under hidden 2048, top 8 -> 32 of 216, top 4.
+MOE_SHAPE: dict[str, Any] = dict(SHAPE, num_hidden_layers=12, head_dim=48, num_experts=32, num_experts_per_tok=4,
+                                 moe_intermediate_size=216, decoder_sparse_step=1, norm_topk_prob=True)
 
 
-def build(folder: Path, smoke: bool) -> Path:
-    """The random checkpoint of SHAPE (SMOKE's sizes with --smoke) and a word-level tokenizer stub."""
+def build(folder: Path, smoke: bool, moe: bool = False) -> Path:
+    """The random checkpoint of SHAPE (MOE_SHAPE with moe; SMOKE's sizes with --smoke) and a word-level tokenizer
+    stub."""
     from tokenizers import Tokenizer, models
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**{**SHAPE, **(SMOKE if smoke else {})})).save_pretrained(folder)
+    smoke_sizes = {**SMOKE, "moe_intermediate_size": 48, "head_dim": 24} if moe else SMOKE
+    shape = {**(MOE_SHAPE if moe else SHAPE), **(smoke_sizes if smoke else {})}
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**shape)) if moe else LlamaForCausalLM(LlamaConfig(**shape))
+    model.save_pretrained(folder)
     tok = Tokenizer(models.WordLevel({"<unk>": 0, "<eos>": 1}, unk_token="<unk>"))
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>").save_pretrained(folder)
     return folder
@@ -116,32 +125,37 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--budget", type=int, default=512, help="max_num_batched_tokens")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--moe", action="store_true", help="MOE_SHAPE; each N > 1 with both splits of the experts")
     a = ap.parse_args(argv)
     if a.smoke:
         a.prompts, a.tokens, a.decode, a.budget = 2, 40, 4, 32
     with tempfile.TemporaryDirectory() as tmp:
-        _compare(a, a.model or str(build(Path(tmp), a.smoke)))
+        _compare(a, a.model or str(build(Path(tmp), a.smoke, a.moe)))
 
 
 def _compare(a: argparse.Namespace, model: str) -> None:
     config = EngineConfig(model=model, device="cpu", num_threads=a.threads, enable_prefix_cache=False,
                           max_num_batched_tokens=a.budget, kv_cache_bytes=64 * 1024 * 1024)
     job = partial(_job, a.prompts, a.tokens, a.decode)
-    print(f"model {a.model or 'SmolLM2 shape, 12/6 heads, random'}; {a.prompts} scoring prompts x {a.tokens} tokens "
+    default = "Qwen3-MoE shape (MOE_SHAPE), random" if a.moe else "SmolLM2 shape, 12/6 heads, random"
+    print(f"model {a.model or default}; {a.prompts} scoring prompts x {a.tokens} tokens "
           f"(budget {a.budget}), 4 x {a.decode} greedy tokens; {a.threads} thread(s) per rank")
     print("| ranks | prefill ms/step | vs 1 | decode ms/step | vs 1 | max |row - N=1| | log-softmax B/row "
           "| with top-5 B/row | logits gather B/row | hidden bcast B/row |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     base: Figures | None = None
-    for size in a.sizes:
+    both = (False, True)  # MoE: each split twice, experts by width, then whole experts per rank
+    runs = [(size, ep) for size in a.sizes for ep in (both if a.moe and size not in ("1", "1x1") else (False,))]
+    for size, ep in runs:
         tp, pp = (int(x) for x in size.split("x")) if "x" in size else (int(size), 1)
         n = tp * pp
         torch.set_num_threads(a.threads)
-        fig = job(LLMEngine(config)) if n == 1 else run_local(
-            n, replace(config, tensor_parallel_size=tp, pipeline_parallel_size=pp), job, threads=a.threads)[0]
+        split = replace(config, tensor_parallel_size=tp, pipeline_parallel_size=pp, expert_parallel=ep)
+        fig = job(LLMEngine(config)) if n == 1 else run_local(n, split, job, threads=a.threads)[0]
         base = base or fig
         diff = max((abs(x - y) for x, y in zip(fig.rows, base.rows, strict=True)), default=0.0)
-        print(f"| {size} | {fig.prefill_step_ms:.1f} | {fig.prefill_step_ms / base.prefill_step_ms:.2f} | "
+        print(f"| {size}{' EP' if ep else ''} | {fig.prefill_step_ms:.1f} | "
+              f"{fig.prefill_step_ms / base.prefill_step_ms:.2f} | "
               f"{fig.decode_step_ms:.1f} | {fig.decode_step_ms / base.decode_step_ms:.2f} | {diff:.1e} | "
               f"{fig.softmax_bytes_per_row:.0f} | {fig.topk_bytes_per_row:.0f} | {fig.gather_bytes_per_row:.0f} | "
               f"{fig.hidden_bytes_per_row:.0f} |", flush=True)

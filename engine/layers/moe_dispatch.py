@@ -32,8 +32,24 @@ def expert_loop(rows: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor,
     return out
 
 
+def expert_path(device: torch.device) -> str:
+    """"grouped" (engine/layers/moe_triton.py: one launch per projection for all experts) on CUDA with triton;
+    "loop" elsewhere: on CPU one matmul per expert is as fast, the launches cost nothing there (bench/device's moe
+    section measures the GPU side)."""
+    if device.type == "cuda":
+        from engine.layers import moe_triton
+
+        if moe_triton.available():
+            return "grouped"
+    return "loop"
+
+
 def run_experts(rows: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                 gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, activate: Activate
                 ) -> torch.Tensor:
     """The experts' rows by the path for rows' device (expert_loop's contract)."""
+    if expert_path(rows.device) == "grouped":
+        from engine.layers.moe_triton import expert_grouped
+
+        return expert_grouped(rows, counts, gate_up, down, gate_up_bias, down_bias, activate)
     return expert_loop(rows, counts, gate_up, down, gate_up_bias, down_bias, activate)

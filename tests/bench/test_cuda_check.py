@@ -61,6 +61,13 @@ def test_cuda_check_cpu_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "ragged | ragged" in table and "mc | multiple choice" in table and "generate | generate batch 8" in table
 
 
+def test_moe_section_on_request(tmp_path: Path) -> None:
+    """Not in the default run (its 540 s are taken): `--section moe` runs it, on CPU the loop alone."""
+    main(["--cpu-smoke", "--section", "moe", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "cuda_check.json").read_text())
+    assert res["moe"]["path_chosen"] == "loop" and res["moe"]["smoke_T16"]["loop_ms"] > 0
+
+
 def test_cuda_check_skips_sections_past_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     main(["--cpu-smoke", "--budget-s", "0", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "cuda_check.json").read_text())

@@ -1,7 +1,8 @@
 """Tensor-parallel workers on the real local cluster: each replica reserves one bundle per rank (placement group,
 STRICT_PACK), runs rank 0 itself and N - 1 rank actors; rows equal transformers' within 1e-4, with LoRA adapters
-(from the config and loaded at run time) those of transformers + PEFT; the ranks die with their replica; a killed
-rank takes the replica down and Serve replaces it."""
+(from the config and loaded at run time) those of transformers + PEFT, and for a mixture-of-experts model (its
+experts split over the ranks); the ranks die with their replica; a killed rank takes the replica down and Serve
+replaces it."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from ray import serve
 from ray.serve import RunTarget
 
 from tests.helpers.engine import rand_ids
+from tests.helpers.families import family_path
 from tests.helpers.reference import hf_model, hf_scores
 from tests.helpers.serve import deploy, ids_of, score_body
 from tests.helpers.tiny_adapters import build_adapter, peft_scores
@@ -83,6 +85,24 @@ def test_three_ranks_serve_smollm2_exactly_and_leave_with_the_app(serve_url: str
         assert warm["cached_tokens"] > 0
         assert max(abs(v - e) for (v, _), e in zip(warm["input_token_logprobs"], expected, strict=True)) <= ATOL
         _check_greedy(smollm2_path, ids[:12], _greedy(url, ids[:12], 6), 6)
+    finally:
+        serve.delete(app)
+    _wait(lambda: not _alive_ranks(), 30, "rank actors outlived their replica")
+
+
+def test_two_ranks_serve_qwen3_moe_exactly(serve_url: str) -> None:
+    """Qwen3-MoE (sparse layers 0 and 2, a dense layer 1) over 2 ranks, every expert split by width: scored rows
+    (top-k) within 1e-4 of transformers, greedy tokens equal (and their logprobs within 1e-4)."""
+    path = family_path("qwen3-moe")
+    app, url = "tpmoe", serve_url + "/tpmoe"
+    deploy(app, "/tpmoe", _tp_args(model=str(path), tensor_parallel_size=2))
+    try:
+        ids = rand_ids(30, seed=31)
+        r = httpx.post(url + "/generate", json=score_body(ids, 2, k=3), timeout=120)
+        assert r.status_code == 200, r.text
+        rows = r.json()["meta_info"]["input_token_logprobs"]
+        assert max(abs(v - e) for (v, _), e in zip(rows, hf_scores(path, ids, 2), strict=True)) <= ATOL
+        _check_greedy(path, ids[:10], _greedy(url, ids[:10], 6), 6)
     finally:
         serve.delete(app)
     _wait(lambda: not _alive_ranks(), 30, "rank actors outlived their replica")
