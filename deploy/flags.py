@@ -1,8 +1,9 @@
 """AppConfig's fields as command-line flags (`rayscore serve` and `rayscore config`): one declaration per setting, the
 field in deploy/config.py, and its flag derived from it. A flag takes vLLM's name where vLLM has the setting
-(`--served-model-name`, `--enable-prefix-caching`, `--api-key`, `--lora-modules`; `--tensor-parallel-size`,
-`--max-model-len`, `--dtype`, ... are already named alike), else the field's name with dashes. Only the flags given
-reach `args:`, so every other field keeps AppConfig's default, as in a Serve YAML that leaves it out."""
+(`--served-model-name`, `--enable-prefix-caching`, `--api-key`, `--lora-modules`, `--enable-expert-parallel`;
+`--tensor-parallel-size`, `--max-model-len`, `--dtype`, ... are already named alike), else the field's name with
+dashes. Only the flags given reach `args:`, so every other field keeps AppConfig's default, as in a Serve YAML that
+leaves it out."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ VLLM_NAMES: dict[str, str] = {
     "api_keys": "api-key",
     "admin_api_keys": "admin-api-key",
     "lora_adapters": "lora-modules",
+    "expert_parallel": "enable-expert-parallel",
 }
 # The model is `rayscore serve MODEL`'s positional argument, not a flag.
 POSITIONAL = "model"

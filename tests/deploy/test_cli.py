@@ -43,15 +43,16 @@ def test_every_field_but_the_model_is_a_flag(capsys: pytest.CaptureFixture[str])
 def test_vllm_names_and_only_the_given_flags_reach_args() -> None:
     config = config_of("/ckpt", "--served-model-name", "teacher", "--tensor-parallel-size", "2", "--max-model-len",
                        "4096", "--dtype", "bfloat16", "--no-enable-prefix-caching", "--api-key", "k1", "--api-key",
-                       "k2", "--lora-modules", "a=/lora/a", "b=/lora/b", "--max-num-seqs", "32", "--kv-cache-mb", "128")
+                       "k2", "--lora-modules", "a=/lora/a", "b=/lora/b", "--max-num-seqs", "32", "--kv-cache-mb", "128",
+                       "--enable-expert-parallel")
     args = config["applications"][0]["args"]
     assert args == {"model": "/ckpt", "dtype": "bfloat16", "max_num_seqs": 32, "enable_prefix_cache": False,
                     "max_model_len": 4096, "tensor_parallel_size": 2, "lora_adapters": {"a": "/lora/a", "b": "/lora/b"},
-                    "model_name": "teacher", "kv_cache_mb": 128, "api_keys": ["k1", "k2"]}
+                    "model_name": "teacher", "kv_cache_mb": 128, "api_keys": ["k1", "k2"], "expert_parallel": True}
     cfg = AppConfig.model_validate(args)
     assert cfg.engine_config()["max_model_len"] == 4096 and not cfg.enable_prefix_cache
     assert {flag_of(f) for f in VLLM_NAMES} == {"--served-model-name", "--enable-prefix-caching", "--api-key",
-                                                "--admin-api-key", "--lora-modules"}
+                                                "--admin-api-key", "--lora-modules", "--enable-expert-parallel"}
 
 
 def test_the_printed_config_is_servable(capsys: pytest.CaptureFixture[str]) -> None:
