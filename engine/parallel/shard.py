@@ -84,6 +84,8 @@ def refusals(model: LlamaForCausalLM, size: int, expert_parallel: bool = False) 
                 widths["moe_intermediate_size"] = mlp.width
             if isinstance(mlp.shared_expert, MLP):
                 widths["shared_expert_intermediate_size"] = mlp.shared_expert.intermediate_size
+            elif mlp.shared_expert is not None:  # its whole output on every rank would be summed N times
+                found.append(f"{type(mlp.shared_expert).__name__} shared experts are not split across ranks")
         elif isinstance(mlp, MLP):
             widths["intermediate_size"] = mlp.intermediate_size
         else:

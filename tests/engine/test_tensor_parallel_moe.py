@@ -7,7 +7,7 @@
   renormalisation, Qwen3-VL-MoE's stacked experts (its engine is refused at tensor_parallel_size > 1 for its image
   rows, engine/loading/sharded.py, so its block is checked here), Qwen2-MoE's shared expert with its sigmoid gate
   (its partial sum reduced with the routed one);
-- the widths that do not split are refused naming their config field."""
+- the widths that do not split are refused naming their config field, and a shared expert that is no dense MLP."""
 
 from __future__ import annotations
 
@@ -110,3 +110,6 @@ def test_widths_that_do_not_split_are_refused(tmp_path: Path) -> None:
     assert refusals(model, 2) == [] and refusals(model, 2, expert_parallel=True) == []
     assert "moe_intermediate_size 32 is not divisible by tensor_parallel_size 3" in refusals(model, 3)
     assert "num_experts 4 is not divisible by tensor_parallel_size 3" in refusals(model, 3, expert_parallel=True)
+    # A shared expert of a kind the split does not know would be summed once per rank: refused.
+    model.model.layers[0].mlp.shared_expert = torch.nn.Linear(64, 64)
+    assert "Linear shared experts are not split across ranks" in refusals(model, 2)
