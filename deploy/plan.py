@@ -1,7 +1,8 @@
 """Which tensor_parallel_size x pipeline_parallel_size a model fits, from its config alone:
 
     python -m deploy.plan <checkpoint folder or config.json> [--gpu-mem 80] [--gpus-per-node 8] [--max-gpus 64]
-                          [--dtype auto] [--reserve-gib 6] [--utilization 0.92] [--max-seqs 256] [--min-kv-tokens 32768]
+                          [--dtype served] [--reserve-gib 6] [--utilization 0.92] [--max-seqs 256]
+                          [--min-kv-tokens 32768]
 
 For each split (TP within one node: 1, 2, 4, 8 up to --gpus-per-node, dividing the attention heads; PP: 1, 2, 4,
 8, 16 stages) it prints the weights on the fullest rank and the KV tokens one replica holds: each rank's memory
@@ -102,8 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per GPU")
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--max-gpus", type=int, default=64)
-    ap.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_BYTES],
-                    help="served dtype of weights and cache; auto: the checkpoint's, quantized where it says")
+    ap.add_argument("--dtype", default="served", choices=["served", "stored", *DTYPE_BYTES],
+                    help="of weights and cache; served: the config's dtype, as the engine holds the weights "
+                         "(fp8 dequantized at load); stored: the checkpoint's own, fp8 / mxfp4 where it says")
     ap.add_argument("--utilization", type=float, default=0.92, help="share of each GPU's memory used")
     ap.add_argument("--reserve-gib", type=float, default=6.0,
                     help="per GPU: activations, CUDA context, the scoring chunk (<= 4.4 GiB, docs/design/gpu.md)")

@@ -2,10 +2,12 @@
 bytes per token per rank under tensor_parallel_size x pipeline_parallel_size, for `python -m deploy.plan`.
 
 Weights: parameters counted from the config's sizes (embedding, LM head unless tied, attention by kind, dense or
-mixture-of-experts MLPs with shared experts, norms left out: < 0.01 %), at the bytes of their stored dtype:
-`torch_dtype` / `dtype`, or quantization_config's method where it says one: fp8 (1 byte per linear weight, plus one
-float32 scale per weight_block_size block; embedding and LM head stay 16-bit, as DeepSeek-V3's checkpoint stores
-them) or mxfp4 (gpt-oss: the experts' weights at 4 bits plus one 8-bit scale per 32 values, the rest 16-bit).
+mixture-of-experts MLPs with shared experts, norms left out: < 0.01 %), at the bytes of a dtype: "served", the
+config's `torch_dtype` / `dtype` (what the engine holds: it dequantizes fp8 checkpoints at load,
+engine/loading/fp8.py, for exact logprobs); "stored", the checkpoint's own, quantization_config's method where it
+says one: fp8 (1 byte per linear weight, plus one float32 scale per weight_block_size block; embedding and LM head
+stay 16-bit, as DeepSeek-V3's checkpoint stores them) or mxfp4 (gpt-oss: the experts' weights at 4 bits plus one
+8-bit scale per 32 values, the rest 16-bit); or a dtype by name.
 
 Split: tensor parallelism divides every layer's weights by N (the engine's layout, engine/parallel/shard.py; the
 replicated router and norms are left out), the embedding stays whole on each rank of the first stage, the LM head
@@ -98,8 +100,9 @@ def _get(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
-def model_size(config: dict[str, Any], dtype: str = "auto") -> ModelSize:
-    """dtype: the served dtype of weights and cache ("auto": the checkpoint's, quantized where it says)."""
+def model_size(config: dict[str, Any], dtype: str = "served") -> ModelSize:
+    """dtype: of weights and cache: "served" (the config's dtype), "stored" (quantized where the config says) or a
+    name of DTYPE_BYTES."""
     top = config
     cfg = config.get("text_config") or config  # vision-language configs: the decoder's
     notes: list[str] = []
@@ -111,9 +114,9 @@ def model_size(config: dict[str, Any], dtype: str = "auto") -> ModelSize:
     head_dim = int(_get(cfg, "head_dim", default=h // heads))
     stored = str(_get(cfg, "torch_dtype", "dtype", default=_get(top, "torch_dtype", "dtype", default="bfloat16")))
     base = DTYPE_BYTES.get(stored, 2)
-    served = base if dtype == "auto" else DTYPE_BYTES[dtype]
+    served = base if dtype in ("served", "stored") else DTYPE_BYTES[dtype]
     weight_b = expert_b = served
-    quant = (top.get("quantization_config") or cfg.get("quantization_config") or {}) if dtype == "auto" else {}
+    quant = (top.get("quantization_config") or cfg.get("quantization_config") or {}) if dtype == "stored" else {}
     method = quant.get("quant_method")
     if method == "fp8":
         block = quant.get("weight_block_size") or [128, 128]
@@ -180,4 +183,4 @@ def model_size(config: dict[str, Any], dtype: str = "auto") -> ModelSize:
     tied = bool(_get(cfg, "tie_word_embeddings", default=_get(top, "tie_word_embeddings", default=False)))
     name = (top.get("architectures") or [top.get("model_type", "model")])[0]
     return ModelSize(name, layers, vocab * h, 0 if tied else vocab * h, weight_b, expert_b,
-                     base if dtype == "auto" else served, served if dtype != "auto" else base, heads, notes)
+                     served, served, heads, notes)
