@@ -1,8 +1,8 @@
 """Mixture-of-experts blocks split over ranks (engine/parallel/shard.py's shard_moe), on real gloo ranks:
 
 - the whole Qwen3-MoE engine at tensor_parallel_size 2, experts split by width (the default) and whole experts
-  per rank (expert_parallel): scoring rows (top-k) and greedy generation equal transformers' float32 forward and
-  the same engine on one device within 1e-4;
+  per rank (expert_parallel), and gpt-oss's (biased experts, sinks): scoring rows (top-k) and greedy generation
+  equal transformers' float32 forward and the same engine on one device within 1e-4;
 - each block layout alone against transformers' own block at 2 ranks, both splits: Qwen3-MoE's router without
   renormalisation, Qwen3-VL-MoE's stacked experts (its engine is refused at tensor_parallel_size > 1 for its image
   rows, engine/loading/sharded.py, so its block is checked here), Qwen2-MoE's shared expert with its sigmoid gate
@@ -30,14 +30,18 @@ from engine.parallel.shard import refusals
 from tests.engine.test_tensor_parallel import CFG, _check_greedy, _check_scoring
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
 from tests.helpers.families import family_path
+from tests.helpers.tiny_gpt_oss import gpt_oss_path
 from tests.helpers.tp import run_split
 
 _SIZES: dict[str, Any] = dict(hidden_size=32, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
 
 
-@pytest.mark.parametrize("expert_parallel", [False, True])
-def test_qwen3_moe_engine_at_two_ranks(expert_parallel: bool) -> None:
-    path = family_path("qwen3-moe")  # layers 0 and 2 sparse, 1 dense: both MLP kinds split in one model
+@pytest.mark.parametrize(("family", "expert_parallel"), [("qwen3-moe", False), ("qwen3-moe", True),
+                                                         ("gpt-oss", False)])
+def test_moe_engine_at_two_ranks(family: str, expert_parallel: bool) -> None:
+    """Qwen3-MoE: layers 0 and 2 sparse, 1 dense, both MLP kinds split in one model. gpt-oss: biased experts (each
+    rank's gate/up bias rows, the down bias added once) and sinks split with their heads."""
+    path = family_path(family) if family == "qwen3-moe" else gpt_oss_path()
     ids = rand_ids(29, 21)
     params = [scoring(0, k=3), greedy(5)]
     cfg = dict(model=str(path), expert_parallel=expert_parallel, **CFG)
