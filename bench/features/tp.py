@@ -4,7 +4,7 @@ bytes each rank moves per scoring row with the vocab-parallel log-softmax agains
 
     python -m bench tp [--model PATH] [--sizes 1 2 3 1x2] [--threads 1] [--prompts 8] [--tokens 256] [--decode 32]
     python -m bench tp --smoke          (tiny sizes: checks the tool runs; figures meaningless)
-    python -m bench tp --moe [--sizes 1 2] (MOE_SHAPE: each N > 1 twice, experts split by width, then whole
+    python -m bench tp --moe [--sizes 1 2] (MOE_SHAPE: each TP > 1 twice, experts split by width, then whole
                                             experts per rank: expert_parallel)
 
 Default model: SmolLM2-135M's shape with random weights (hidden 576, 30 layers, MLP 1536, vocab 49,152, tied) but
@@ -145,7 +145,7 @@ def _compare(a: argparse.Namespace, model: str) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     base: Figures | None = None
     both = (False, True)  # MoE: each split twice, experts by width, then whole experts per rank
-    runs = [(size, ep) for size in a.sizes for ep in (both if a.moe and size not in ("1", "1x1") else (False,))]
+    runs = [(size, ep) for size in a.sizes for ep in (both if a.moe and int(size.split("x")[0]) > 1 else (False,))]
     for size, ep in runs:
         tp, pp = (int(x) for x in size.split("x")) if "x" in size else (int(size), 1)
         n = tp * pp
