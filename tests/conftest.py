@@ -21,8 +21,15 @@ if not os.path.exists("/dev/nvidiactl"):
 # session starts inherits it) makes Ray take loopback as the node's address and bind its servers there. A multi-node
 # `ray start --address` refuses to run under it; the suite starts only single-machine clusters.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+# Ray's HAProxy template binds its stats and Prometheus frontends on every interface: the shim moves them here
+# (deploy/haproxy_shim.py, BIND_ENV).
+os.environ["RAYSCORE_HAPROXY_BIND"] = "127.0.0.1"
 # The session's mark, inherited by every process it starts: the listen guard looks at those only.
 os.environ.setdefault("RAYSCORE_TEST_SESSION", uuid.uuid4().hex)
+# Ray Serve binds its replicas' gRPC servers on every interface: every Python process the session starts runs
+# tests/loopback_site/sitecustomize.py first, which moves those binds to 127.0.0.1.
+LOOPBACK_SITE = str(Path(__file__).parent / "loopback_site")
+os.environ["PYTHONPATH"] = os.pathsep.join([LOOPBACK_SITE, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -125,8 +132,9 @@ def ray_cluster(smollm2_path: Path, metrics_port: int):
     # inherit this environment.
     os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "ingress.edge.front_door:middlewares")
     # Replicas hand their metrics to the agent every second (Ray's default: 10 s), so a test reads its counts soon.
-    ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address=LOOPBACK,
-             _metrics_export_port=metrics_port,
+    # address="local": a cluster of the session's own, never one another process on the machine started.
+    ray.init(address="local", num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             _node_ip_address=LOOPBACK, _metrics_export_port=metrics_port,
              _system_config={"metrics_report_interval_ms": 1000},
              runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": str(smollm2_path.parent)}})
     yield ray

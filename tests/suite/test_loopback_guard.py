@@ -4,6 +4,7 @@ session's, so the session's guard does not count the one that listens on every i
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -63,3 +64,22 @@ def test_the_guard_keeps_what_it_sampled_after_the_process_ended(listener) -> No
     listener.procs[-1].kill()
     listener.procs[-1].wait()
     assert [f.address for f in guard.stop()] == [f"0.0.0.0:{port}"]
+
+
+def test_serve_grpc_binds_on_every_interface_go_to_loopback_in_a_session_process() -> None:
+    """tests/loopback_site/sitecustomize.py, as a process the session starts runs it: Ray Serve's two gRPC binds on
+    "[::]" land on loopback; an explicit address is kept."""
+    from tests.loopback_site.sitecustomize import on_loopback
+
+    assert [on_loopback(a) for a in ("[::]:0", "0.0.0.0:9000", "10.1.2.3:5", "127.0.0.1:7")] == \
+        ["localhost:0", "localhost:9000", "10.1.2.3:5", "127.0.0.1:7"]
+    probe = ("import grpc, json, psutil; from concurrent import futures; "
+             "from ray.serve._private.replica import add_port_to_grpc_server; "
+             "from ray.serve._private.default_impl import add_grpc_address; "
+             "s = grpc.server(futures.ThreadPoolExecutor(1)); add_port_to_grpc_server(s, '[::]:0'); s.start(); "
+             "print(add_grpc_address.__name__, json.dumps(sorted({c.laddr.ip for c in "
+             "psutil.Process().net_connections('tcp') if c.status == 'LISTEN'})))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True,
+                         env={**os.environ, SESSION_ENV: uuid.uuid4().hex}).stdout.split("\n")[-2]
+    name, ips = out.split(" ", 1)
+    assert name == "bind_on_loopback" and json.loads(ips) and all(map(is_loopback, json.loads(ips))), out
