@@ -1,12 +1,13 @@
 """Run by every Python process the test session starts (tests/conftest.py puts this folder first on PYTHONPATH, which
 they inherit: Ray's workers and replicas, `ray start`, `serve run`, the scripts the tests run).
 
-Ray Serve 2.60 binds each replica's inter-deployment gRPC server (ray/serve/_private/replica.py) and its direct-ingress
-gRPC server (grpc_util.py, through default_impl.add_grpc_address) on "[::]", every interface, with no setting to move
-them. In the test session those two binds go to loopback (127.0.0.1 and ::1) instead, so that nothing the tests start
-listens beyond loopback (tests/helpers/loopback.py fails the session otherwise). Nothing else changes: the tests'
-clusters are one machine whose node address is 127.0.0.1, which is where Serve's handles reach a replica's port.
-Outside a test session (no RAYSCORE_TEST_SESSION in the environment) this file does nothing."""
+Ray Serve 2.60 binds each replica's inter-deployment gRPC server (ray.serve._private.replica) and its
+direct-ingress gRPC server (ray.serve._private.grpc_util, through default_impl.add_grpc_address) on "[::]", every
+interface, with no setting to move them. In the test session those two binds go to loopback (127.0.0.1 and ::1)
+instead, so that nothing the tests start listens beyond loopback (tests/helpers/loopback.py fails the session
+otherwise). Nothing else changes: the tests' clusters are one machine whose node address is 127.0.0.1, which is where
+Serve's handles reach a replica's port. Outside a test session (no RAYSCORE_TEST_SESSION in the environment) this
+file does nothing."""
 
 from __future__ import annotations
 
