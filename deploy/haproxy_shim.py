@@ -10,7 +10,9 @@ them; exec keeps the process id and the command line Ray checks (/proc/<pid>/cmd
 The patch adds, idempotently:
 - `timeout http-request` in `defaults`: the whole header phase is bounded (408), not just each gap;
 - in `frontend http_frontend`, before Ray's `/-/routes` rule: `/-/` paths other than `/-/healthz` answer 401 unless
-  `Authorization: Bearer <key>` holds a key; the config holds only the keys' SHA-256.
+  `Authorization: Bearer <key>` holds a key; the config holds only the keys' SHA-256;
+- where RAYSCORE_HAPROXY_BIND names an address (the tests: 127.0.0.1), every bind on all interfaces (Ray's stats and
+  Prometheus frontends, `*:port` and `:port`) moved to it.
 A file without the expected anchors is left as Ray wrote it, with one warning line on stderr (Ray keeps it in
 HAProxy's stderr log): never a broken proxy.
 
@@ -46,6 +48,10 @@ WARNING = "rayscore haproxy shim: warning: {config} left unpatched ({why})"
 _SECTION = re.compile(r"^(global|defaults|frontend|backend|listen|peers|resolvers|userlist|cache|program|ring|"
                       r"http-errors|mailers)\b")
 _ROUTES_RULE = re.compile(r"^\s+acl\s+routes\s+path\s+-i\s+/-/routes\s*$")
+# A bind on every interface, as Ray's template writes the stats and Prometheus frontends' (`*:port`, `:port`).
+_WILDCARD_BIND = re.compile(r"^(\s*bind\s+)(?:\*|0\.0\.0\.0)?:(\d+)(?=\s|$)")
+# The address every wildcard bind is moved to, when set (the tests set 127.0.0.1: they touch nothing but loopback).
+BIND_ENV = "RAYSCORE_HAPROXY_BIND"
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class Settings:
     key_sha256: tuple[str, ...]  # hex digests of the accepted API keys; none: `/-/` stays as Ray has it
     missing_body: str  # the 401's JSON body without a bearer token
     invalid_body: str  # ... with a token that is no key
+    bind_address: str | None = None  # every wildcard bind on this address instead; None: Ray's binds as they are
 
     @classmethod
     def from_json(cls, text: str, environ: Mapping[str, str]) -> Settings:
@@ -63,7 +70,7 @@ class Settings:
         from_env = [k.strip() for k in environ.get(raw.get("keys_env") or "", "").split(",")]
         hashes = [*raw.get("key_sha256", ()), *(sha256_hex(k) for k in from_env if k)]
         return cls(raw.get("header_timeout_ms"), tuple(dict.fromkeys(hashes)), raw["missing_body"],
-                   raw["invalid_body"])
+                   raw["invalid_body"], environ.get(BIND_ENV) or None)
 
 
 def sha256_hex(key: str) -> str:
@@ -117,6 +124,10 @@ def patch(text: str, settings: Settings) -> tuple[str, str | None]:
         if rule is None:
             return text, "no `acl routes path -i /-/routes` in `frontend http_frontend`"
         inserts.append((rule, _auth_rules(settings)))
+    if settings.bind_address:
+        for i, line in enumerate(lines):
+            if m := _WILDCARD_BIND.match(line):
+                out[i] = f"{m.group(1)}{settings.bind_address}:{m.group(2)}{line[m.end():]}  {MARKER}"
     for at, new in sorted(inserts, reverse=True):
         out[at:at] = new
     return "\n".join(out), None

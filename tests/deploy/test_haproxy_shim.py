@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from deploy.front_door import BINARY_ENV, front_door, real_haproxy
-from deploy.haproxy_shim import MARKER, PID_SUFFIX, Settings, is_ours, patch, reap, sha256_hex
+from deploy.haproxy_shim import BIND_ENV, MARKER, PID_SUFFIX, Settings, is_ours, patch, reap, sha256_hex
 from tests.helpers.haproxy_cluster import listening
 
 HEADER_TIMEOUT_S = 2
@@ -264,3 +264,19 @@ def test_reap_kills_what_the_shim_became_and_nothing_else() -> None:
     finally:
         bystander.kill()
         proc.kill()
+
+
+def test_patch_moves_every_wildcard_bind_to_the_bind_address_and_only_those(tmp_path: Path) -> None:
+    """Ray's stats (`*:port`) and Prometheus (`:port`) frontends listen on every interface; with a bind address
+    (the tests' 127.0.0.1) they listen there, the front door's own bind (already an address) unchanged."""
+    text = render_ray_config(tmp_path, 1, 2).read_text()
+    wide = [x.strip() for x in text.split("\n") if x.strip().startswith(("bind *:", "bind :"))]
+    assert len(wide) == 2, wide  # Ray's template: stats and Prometheus
+    settings = Settings(None, (), "", "", bind_address="127.0.0.1")
+    patched, why = patch(text, settings)
+    binds = [x.strip() for x in patched.split("\n") if x.strip().startswith("bind ")]
+    assert why is None and not any(b.startswith(("bind *:", "bind :")) for b in binds), binds
+    assert {b.split()[1] for b in binds} == {"127.0.0.1:1", *(f"127.0.0.1:{w.split(':')[1]}" for w in wide)}, binds
+    assert patch(patched, settings) == (patched, None)
+    assert Settings.from_json('{"missing_body": "", "invalid_body": ""}', {BIND_ENV: "127.0.0.1"}).bind_address \
+        == "127.0.0.1"

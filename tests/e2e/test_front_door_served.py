@@ -12,18 +12,16 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.helpers.serve import app_args, deploy
+from tests.helpers.serve import shared_app, shared_name
 
-APP, PREFIX = "frontdoor", "/frontdoor"
+# The session's shared one-worker app (tests/helpers/serve.py: shared_app): this module only sends requests to it.
+PREFIX = "/" + shared_name(num_workers=1)
 
 
 @pytest.fixture(scope="module")
 def port(serve_url: str):
-    from ray import serve
-
-    deploy(APP, PREFIX, app_args(num_workers=1))
-    yield urlparse(serve_url).port
-    serve.delete(APP)
+    shared_app(serve_url, num_workers=1)
+    return urlparse(serve_url).port
 
 
 def raw(port: int, head: bytes) -> tuple[int, bytes]:

@@ -22,7 +22,7 @@ from tests.helpers.haproxy_cluster import HEADER_TIMEOUT_S
 @pytest.fixture(scope="module")
 def facts(smollm2_path: Path) -> dict:
     env = {**os.environ, "RAYSCORE_MODEL_PATH": str(smollm2_path), "RAYSCORE_CACHE_DIR": str(smollm2_path.parent),
-           "PYTHONPATH": os.getcwd()}
+           "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ["PYTHONPATH"]])}
     for name in ("RAY_ADDRESS", "RAYSCORE_FRONT_DOOR"):
         env.pop(name, None)
     run = subprocess.run([sys.executable, "-m", "tests.helpers.haproxy_cluster"], env=env, capture_output=True,

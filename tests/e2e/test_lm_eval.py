@@ -16,19 +16,12 @@ QUESTIONS = 20  # 80 loglikelihood requests per backend (two lm-eval processes: 
 
 # --- the test --------------------------------------------------------------------------------------------
 
-APP = "lmeval"
-PREFIX = "/lmeval"
-
-
 @pytest.fixture(scope="module")
 def url(serve_url: str) -> str:
-    from ray import serve
+    """The session's shared one-worker app (tests/helpers/serve.py): this module only sends requests to it."""
+    from tests.helpers.serve import shared_app
 
-    from tests.helpers.serve import app_args, deploy
-
-    deploy(APP, PREFIX, app_args(num_workers=1))
-    yield serve_url + PREFIX
-    serve.delete(APP)
+    return shared_app(serve_url, num_workers=1)
 
 
 def test_lm_eval_local_completions_equals_its_hf_backend(url: str, smollm2_path: Path, tmp_path: Path) -> None:

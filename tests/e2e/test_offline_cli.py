@@ -24,6 +24,7 @@ CONFIG = Path(__file__).parents[2] / "configs" / "test.yaml"
 def batch(ray_cluster, src: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
     """The installed console script, connected to the session's cluster as a second driver."""
     address = ray_cluster.get_runtime_context().gcs_address
+    assert address.startswith("127.0.0.1:"), address  # the session's cluster is on loopback (tests/conftest.py)
     return subprocess.run([str(SCRIPT), str(src), str(out), "--config", str(CONFIG), "--min-actors", "1",
                            "--max-actors", "1", "--address", address, *flags],
                           capture_output=True, text=True, timeout=300, env={**os.environ})

@@ -10,14 +10,11 @@ import httpx
 import pytest
 import torch
 from openai import OpenAI
-from ray import serve
 from transformers import AutoTokenizer
 
 from tests.helpers.reference import hf_logits
-from tests.helpers.serve import app_args, deploy, ids_of, sse_events
+from tests.helpers.serve import ids_of, shared_app, sse_events
 
-APP = "clients"
-PREFIX = "/clients"
 MODEL = "smollm2-135m-instruct"
 ATOL = 1e-4
 QUESTION = [{"role": "system", "content": "You are a helpful assistant."},
@@ -26,9 +23,8 @@ QUESTION = [{"role": "system", "content": "You are a helpful assistant."},
 
 @pytest.fixture(scope="module")
 def url(serve_url: str) -> str:
-    deploy(APP, PREFIX, app_args(num_workers=1))
-    yield serve_url + PREFIX
-    serve.delete(APP)
+    """The session's shared one-worker app (tests/helpers/serve.py): this module only sends requests to it."""
+    return shared_app(serve_url, num_workers=1)
 
 
 @pytest.fixture(scope="module")

@@ -6,22 +6,19 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
-from ray import serve
 
 from tests.helpers.reference import hf_logits, hf_scores
-from tests.helpers.serve import app_args, deploy, ids_of, sse_events, worker_stats
+from tests.helpers.serve import ids_of, shared_app, shared_name, sse_events, worker_stats
 
-APP = "oai"
-PREFIX = "/oai"
+# The session's shared one-worker app (tests/helpers/serve.py: shared_app): this module only sends requests to it.
+APP = shared_name(num_workers=1)
 MODEL = "smollm2-135m-instruct"
 ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
 def url(serve_url: str) -> str:
-    deploy(APP, PREFIX, app_args(num_workers=1))
-    yield serve_url + PREFIX
-    serve.delete(APP)
+    return shared_app(serve_url, num_workers=1)
 
 
 def completion(url: str, **body) -> dict:

@@ -70,11 +70,14 @@ def test_serve_run_on_a_ray_start_head_then_shutdown_leaves_nothing(smollm2_path
     config["http_options"]["port"] = http_port  # configs/local.yaml, on a port of its own
     (temp / "local.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(REPO), RAY_AUTH_MODE="disabled")  # no read or write of ~/.ray/auth_token
+    # No read or write of ~/.ray/auth_token; the loopback switch tests/conftest.py sets, so the head binds 127.0.0.1
+    # (and its PYTHONPATH, for tests/loopback_site/).
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]]), RAY_AUTH_MODE="disabled",
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     gcs, dashboard = f"127.0.0.1:{ports['--port']}", f"http://127.0.0.1:{ports['--dashboard-port']}"
     started = time.monotonic()
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", "--num-cpus", "4",
-                             "--temp-dir", str(temp), "--include-dashboard", "true",
+                             "--temp-dir", str(temp), "--include-dashboard", "true", "--node-ip-address", "127.0.0.1",
                              "--dashboard-host", "127.0.0.1", *(f"{k}={v}" for k, v in ports.items())],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

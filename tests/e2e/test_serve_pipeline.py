@@ -18,7 +18,8 @@ BACK_S = 180  # loss of the node -> the first exact answer sent after it (a new 
 
 @pytest.fixture(scope="module")
 def facts() -> dict:
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    # PYTHONPATH keeps tests/loopback_site/ (tests/conftest.py): Serve's replicas bind on loopback only.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ["PYTHONPATH"]])}
     run = subprocess.run([sys.executable, "-m", "tests.helpers.pipeline_cluster"], env=env, capture_output=True,
                          text=True, timeout=900)
     lines = [line for line in run.stdout.splitlines() if line.startswith("{")]

@@ -13,19 +13,15 @@ import pytest
 import torch
 
 from tests.helpers.reference import hf_logits
-from tests.helpers.serve import app_args, deploy, ids_of
+from tests.helpers.serve import ids_of, shared_app
 
 ATOL = 1e-4
-APP, PREFIX = "sglang", "/sglang"
 
 
 @pytest.fixture(scope="module")
 def url(serve_url: str) -> str:
-    from ray import serve
-
-    deploy(APP, PREFIX, app_args(num_workers=1))
-    yield serve_url + PREFIX
-    serve.delete(APP)
+    """The session's shared one-worker app (tests/helpers/serve.py): this module only sends requests to it."""
+    return shared_app(serve_url, num_workers=1)
 
 
 def post(url: str, body: dict) -> dict | list:

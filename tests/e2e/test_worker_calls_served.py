@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from ray import serve
 
 from checks import serve_calls
-from tests.helpers.serve import app_args, deploy, ids_of
+from tests.helpers.serve import ids_of, shared_app, shared_name
 
-APP, PREFIX = "calls", "/calls"
+# The session's shared one-worker app (tests/helpers/serve.py: shared_app): the counts are read before and after
+# this module's own requests.
+APP = shared_name(num_workers=1)
 REQUESTS = 8  # per route: one extra call in all would read 1.125
 TEXT = ("The committee met on a grey morning to settle the budget for the new library, and after two hours of "
         "argument about the roof they agreed to ask the town for more time.")
@@ -25,9 +26,7 @@ TEXT = ("The committee met on a grey morning to settle the budget for the new li
 
 @pytest.fixture(scope="module")
 def url(serve_url: str):
-    deploy(APP, PREFIX, app_args(num_workers=1))
-    yield serve_url + PREFIX
-    serve.delete(APP)
+    return shared_app(serve_url, num_workers=1)
 
 
 def test_serve_counts_one_worker_call_per_http_request(url: str, metrics_url: str) -> None:

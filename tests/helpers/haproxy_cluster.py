@@ -236,7 +236,9 @@ def main() -> None:
     from tests.helpers.serve import wait_ready
 
     port = _free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    # address="local": a Ray of its own, never one another process on the machine started (ray.init alone joins the
+    # last `ray start` of the machine).
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
              runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": os.environ.get("RAYSCORE_CACHE_DIR", "")}}
              if os.environ.get("RAYSCORE_CACHE_DIR") else None)
     try:
@@ -246,17 +248,36 @@ def main() -> None:
         # replica's event loop).
         serve.run(build_app(_args()), name="front", route_prefix="/", blocking=False)
         wait_ready("front")
-        time.sleep(2)  # HAProxy learns the replica's address
+        _wait_routed(port)  # HAProxy learns the replica's address
         facts = {"front_door": description, **probe(port, "front")}
         print("FACTS " + json.dumps(facts), flush=True)  # before shutting down: a crash there loses nothing
         config = _config()
         lifetime: dict[str, Any] = {"haproxy_started": reload_haproxy("front")}
     finally:
-        threading.Thread(target=serve.shutdown, daemon=True).start()
-        time.sleep(5)
+        # Serve stops in order within 5 s or Ray stops under it (a thread: serve.shutdown can hang on a dead proxy).
+        stopping = threading.Thread(target=serve.shutdown, daemon=True)
+        stopping.start()
+        stopping.join(timeout=5)
         ray.shutdown()
     ports = [port, int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]), int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])]
     print("LIFETIME " + json.dumps({**lifetime, **after_stop(config, ports)}), flush=True)
+
+
+def _wait_routed(port: int, timeout_s: float = 60.0) -> None:
+    """Until HAProxy routes a request to the app (it learns the replica's address after the app is RUNNING)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {KEY}"},
+                         timeout=10).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"HAProxy on {port} routes nothing to the app after {timeout_s:.0f} s")
+        time.sleep(0.2)
 
 
 def _args(**overrides: Any) -> dict[str, Any]:

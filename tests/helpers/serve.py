@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -39,6 +40,28 @@ def app_args(**overrides: Any) -> dict[str, Any]:
 def deploy(name: str, prefix: str, args: dict[str, Any]) -> None:
     serve.run(build_app(args), name=name, route_prefix=prefix, blocking=False)
     wait_ready(name)
+
+
+# The shared applications this session deployed (shared_app), by name.
+_SHARED: set[str] = set()
+
+
+def shared_name(**overrides: Any) -> str:
+    """The name (and route prefix, after a slash) of the session's shared app of configs/test.yaml with `overrides`:
+    the same overrides, the same name."""
+    return "shared-" + hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def shared_app(serve_url: str, **overrides: Any) -> str:
+    """The URL of the session's one application of configs/test.yaml with `overrides` (apps of other overrides run
+    beside it), deployed at its first use and left until Serve stops at the session's end, so modules that only send
+    requests to the same config pay its start-up once. A test that redeploys, kills, stops or needs counts no other
+    test moved deploys an app of its own (`deploy`)."""
+    name = shared_name(**overrides)
+    if name not in _SHARED:
+        deploy(name, f"/{name}", app_args(**overrides))
+        _SHARED.add(name)
+    return f"{serve_url}/{name}"
 
 
 def wait_ready(name: str, timeout: float = 240.0) -> None:
