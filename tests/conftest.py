@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import uuid
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,13 +68,6 @@ def loopback_only() -> Iterator[None]:
     _GUARD.start()
     yield
     found = _GUARD.stop()
-    # Known and open: torch.distributed's TCPStore (rank 0 of a tensor- or pipeline-parallel group, in the worker
-    # replica) listens on every interface, with no setting to bind it; reported, not failed, until it is fixed.
-    known = [f for f in found if "EngineWorker" in f.name or "RankActor" in f.name]
-    if known:
-        warnings.warn("tensor/pipeline-parallel ranks listened beyond loopback (torch.distributed's TCPStore):\n"
-                      + "\n".join(map(str, known)), stacklevel=1)
-    found = [f for f in found if f not in known]
     if found:
         pytest.fail("processes started by the tests listened beyond loopback:\n" + "\n".join(map(str, found)),
                     pytrace=False)

@@ -68,7 +68,21 @@ class TPGroup:
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, init_method=f"tcp://{address}", rank=world_rank, world_size=world_size,
+        # World rank 0's store listens on the address's host alone: torch's own TCPStore server (what a tcp://
+        # init_method starts) binds every interface, so a group on loopback would be reachable from the network.
+        self._listener: socket.socket | None = None
+        host, port = address.rsplit(":", 1)
+        store_timeout = timedelta(seconds=timeout_s)
+        if world_rank == 0:
+            self._listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind((host.strip("[]"), int(port)))
+            self._listener.listen(max(128, world_size))
+            store = dist.TCPStore(host, int(port), world_size, True, store_timeout,
+                                  master_listen_fd=self._listener.fileno())
+        else:
+            store = dist.TCPStore(host, int(port), world_size, False, store_timeout)
+        dist.init_process_group(backend, store=store, rank=world_rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         self.group: Any = dist.group.WORLD
         if stages > 1:  # every rank creates every stage's group, in the same order (torch.distributed's rule)
@@ -125,3 +139,6 @@ class TPGroup:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
