@@ -84,10 +84,14 @@ def build_family(folder: Path, family: str, seed: int = 0) -> Path:
     _tokenizer(folder)
     cls, cfg = _configs()[family]
     torch.manual_seed(seed)
-    model = cls(cfg)
-    # Random init is small; widen the weights so logits are spread and tests are sensitive.
+    return save_widened(cls(cfg), folder)
+
+
+def save_widened(model: Any, folder: Path, std: float = 0.2) -> Path:
+    """Every parameter redrawn from N(0, std), then the model saved into folder: random init is small, and wider
+    weights spread the logits, so every part of a family moves the rows far past the tests' 1e-4."""
     with torch.no_grad():
         for p in model.parameters():
-            p.normal_(0, 0.2)
+            p.normal_(0, std)
     model.save_pretrained(folder, safe_serialization=True)
     return folder

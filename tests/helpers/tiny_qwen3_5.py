@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
+from tests.helpers.tiny_families import save_widened
 from tests.helpers.tiny_models import VOCAB, _tokenizer
 
 _COMMON: dict[str, Any] = dict(
@@ -56,11 +57,7 @@ def build_qwen3_5_vl(folder: Path, seed: int = 0) -> Path:
                 rope_parameters=dict(_COMMON["rope_parameters"], mrope_section=[1, 1, 0]))
     torch.manual_seed(seed)
     model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision, **_IDS))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    model.save_pretrained(folder, safe_serialization=True)
-    return folder
+    return save_widened(model, folder)
 
 
 def build_qwen3_5_classifier(folder: Path, num_labels: int, seed: int = 0) -> Path:
@@ -72,11 +69,7 @@ def build_qwen3_5_classifier(folder: Path, num_labels: int, seed: int = 0) -> Pa
     cfg = Qwen3_5TextConfig(**_COMMON, intermediate_size=128, num_labels=num_labels)
     torch.manual_seed(seed)
     model = Qwen3_5TextForSequenceClassification(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    model.save_pretrained(folder, safe_serialization=True)
-    return folder
+    return save_widened(model, folder)
 
 
 def build_qwen3_5(folder: Path, family: str, seed: int = 0) -> Path:
@@ -86,11 +79,7 @@ def build_qwen3_5(folder: Path, family: str, seed: int = 0) -> Path:
     cls, cfg = _configs()[family]
     torch.manual_seed(seed)
     model = cls(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    model.save_pretrained(folder, safe_serialization=True)
-    return folder
+    return save_widened(model, folder)
 
 
 @cache
