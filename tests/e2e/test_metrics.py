@@ -69,10 +69,14 @@ def test_counts_match_requests_and_dashboard_metrics_exported(url: str, metrics_
     while True:
         s = scrape(metrics_url)
         missing = sorted(n for n in names if n not in s)
+        # Every count the asserts below read, so none is read before the replicas' last flush reached the agent
+        # (the completion is the last request sent: its count can arrive a flush after the /generate ones).
         counted = (total(s, "ray_rayscore_requests_total", route="/generate", status="200"),
                    total(s, "ray_rayscore_scored_rows_total"), total(s, "ray_rayscore_prompt_tokens_total"),
-                   total(s, "ray_rayscore_generated_tokens_total"))
-        expected = (want["generate_ok"], want["score_rows"], want["prompt_tokens"], want["generated"])
+                   total(s, "ray_rayscore_generated_tokens_total"),
+                   total(s, "ray_rayscore_requests_total", route="/v1/completions", status="200"),
+                   total(s, "ray_rayscore_request_latency_seconds_count", route="/generate"))
+        expected = (want["generate_ok"], want["score_rows"], want["prompt_tokens"], want["generated"], 1, 5)
         if not missing and counted == expected and total(s, "ray_rayscore_preemptions_total") > 0:
             break
         assert time.monotonic() < deadline, f"missing {missing}; counted {counted}, expected {expected}"
