@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from typing import Any
 
 HEADER_TIMEOUT_S = 5
@@ -253,6 +254,11 @@ def main() -> None:
         print("FACTS " + json.dumps(facts), flush=True)  # before shutting down: a crash there loses nothing
         config = _config()
         lifetime: dict[str, Any] = {"haproxy_started": reload_haproxy("front")}
+    except BaseException:
+        # Printed here: Ray's core worker may end the process while it shuts down, before Python prints it.
+        traceback.print_exc()
+        sys.stderr.flush()
+        raise
     finally:
         # Serve stops in order within 5 s or Ray stops under it (a thread: serve.shutdown can hang on a dead proxy).
         stopping = threading.Thread(target=serve.shutdown, daemon=True)
