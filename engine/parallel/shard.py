@@ -156,7 +156,9 @@ def _shard_attention(attn: nn.Module, rank: int, size: int, group: TPGroup) -> N
     attn.num_heads, attn.num_kv_heads = q_local, kv_local
 
 
-def _shard_mlp(mlp: MLP, rank: int, size: int, group: TPGroup) -> None:
+def _shard_mlp(mlp: MLP, rank: int, size: int, group: TPGroup, reduce: bool = True) -> None:
+    """reduce=False: the down projection's output stays this rank's partial sum (an MoE block's shared expert, summed
+    with the routed experts' partial sum by the block's one all-reduce)."""
     width = mlp.intermediate_size
     local = width // size
     lo, hi = rank * local, (rank + 1) * local
@@ -164,7 +166,8 @@ def _shard_mlp(mlp: MLP, rank: int, size: int, group: TPGroup) -> None:
     assert gate_up is not None
     mlp.gate_up_proj = _column([(lo, hi), (width + lo, width + hi)], gate_up.weight, gate_up.bias, [width, width])
     down = mlp.down_proj
-    mlp.down_proj = _row(down.weight, down.bias, lo, hi, group)
+    mlp.down_proj = (_row(down.weight, down.bias, lo, hi, group) if reduce
+                     else _local_linear(down.weight[:, lo:hi], down.bias if rank == 0 else None))
     mlp.intermediate_size = local
 
 
@@ -206,16 +209,8 @@ def shard_moe(block: SparseMoeBlock, rank: int, size: int, group: TPGroup | None
     block.gate_up_bias = _frozen(gub) if gub is not None else None
     block.down_bias = _frozen(db) if db is not None else None
     shared = block.shared_expert
-    if isinstance(shared, MLP):
-        width = shared.intermediate_size
-        local = width // size
-        lo, hi = rank * local, (rank + 1) * local
-        gu = shared.gate_up_proj
-        assert gu is not None
-        shared.gate_up_proj = _column([(lo, hi), (width + lo, width + hi)], gu.weight, gu.bias, [width, width])
-        d = shared.down_proj  # a partial sum, reduced with the routed one by the block's all-reduce
-        shared.down_proj = _local_linear(d.weight[:, lo:hi], d.bias if rank == 0 else None)
-        shared.intermediate_size = local
+    if isinstance(shared, MLP):  # a partial sum, reduced with the routed one by the block's all-reduce
+        _shard_mlp(shared, rank, size, group, reduce=False)
     block.group = group
 
 
