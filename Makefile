@@ -32,16 +32,27 @@ serve: $(STAMP)
 score: $(STAMP)
 	$(BIN)/python -m engine.cli --text "The capital of France is Paris."
 
-# pytest exits 5 when it collects nothing: say so loudly rather than fail on a tree with no tests yet. Both test
-# targets end with the 30 slowest tests (setup included) and the time per tier and per folder beside the tier's budget
-# (tests/helpers/suite_times.py; recorded, never asserted), so every run, CI's included, shows where the time goes.
+# The tier that needs no Ray cluster runs on TEST_JOBS pytest processes (pytest-xdist; a file's tests on one process),
+# one per core up to 4 (each holds its own tiny models); the e2e tier then runs in one process (the session's Ray
+# cluster and its shared apps). pytest exits 5 when a tier collects nothing: said, not failed. Each tier ends with its
+# 30 slowest tests and its time per folder; the last lines are the whole suite's: time per tier beside its budget and
+# the 30 slowest tests, set-up included (tests/helpers/suite_times.py; recorded, never asserted), so every run, CI's
+# included, shows where the time goes.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
+FAST_TIER := RAYSCORE_TEST_NO_RAY=1 $(BIN)/python -m pytest -q --durations=30 -m "not e2e" -n $(TEST_JOBS) --dist loadfile
+SUITE_TIMES := .pytest_cache/rayscore-suite-times.json
+
 test: $(STAMP)
-	@$(BIN)/python -m pytest -q --durations=30 tests; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+	@rm -f $(SUITE_TIMES); \
+	$(FAST_TIER) tests; fast=$$?; \
+	$(BIN)/python -m pytest -q --durations=30 -m e2e tests; e2e=$$?; \
+	$(BIN)/python -m tests.helpers.suite_times; \
+	for rc in $$fast $$e2e; do if [ $$rc -eq 5 ]; then echo "a tier collected no tests"; \
+	elif [ $$rc -ne 0 ]; then exit $$rc; fi; done
 
 # The tests that need no Ray cluster (all but the e2e tier, see tests/conftest.py); a few minutes.
 test-fast: $(STAMP)
-	RAYSCORE_TEST_NO_RAY=1 $(BIN)/python -m pytest -q --durations=30 -m "not e2e" tests
+	@rm -f $(SUITE_TIMES); $(FAST_TIER) tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

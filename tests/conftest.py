@@ -41,7 +41,9 @@ from tests.helpers.tiny_models import build_tiny_model  # noqa: E402
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist (`make test`'s fast tier: one process per core) each process keeps one thread, so the processes
+# do not oversubscribe the cores; a lone pytest takes up to two.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 # `make test-fast` sets it: a test that reaches for the cluster there was not marked e2e, and fails loudly.
 NO_RAY = "RAYSCORE_TEST_NO_RAY"
