@@ -17,6 +17,7 @@ import pytest
 
 from deploy.config import AppConfig
 from deploy.front_door import haproxy_bufsize, real_haproxy
+from deploy.haproxy_shim import Settings, patch_file
 from tests.deploy.test_haproxy_shim import ReplicaHandler, _free_port, render_ray_config, tempfile_short
 from tests.helpers.haproxy_cluster import listening
 
@@ -39,6 +40,9 @@ def replica() -> Iterator[int]:
 def _haproxy(backend: int, bufsize: int) -> tuple[subprocess.Popen, int]:
     port = _free_port()
     config = render_ray_config(Path(tempfile_short()), port, backend, bufsize=bufsize)
+    # Ray's stats and Prometheus frontends bind every interface: moved to loopback as the shim does in a deploy
+    # (tests/helpers/loopback.py fails the session otherwise).
+    assert patch_file(str(config), Settings(None, (), "", "", bind_address="127.0.0.1")) is None
     proc = subprocess.Popen([real_haproxy({}), "-db", "-f", str(config)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
