@@ -1,5 +1,9 @@
-"""N ranks on this machine without Ray: processes spawned with torch.multiprocessing on one gloo group (tests and
-`python -m bench tp`). Rank 0 builds an LLMEngine and runs `job(engine)`; the others run Follower until it stops."""
+"""N ranks on this machine without Ray: processes started with torch.multiprocessing on one gloo group (tests and
+`python -m bench tp`). Rank 0 builds an LLMEngine and runs `job(engine)`; the others run Follower until it stops.
+
+The ranks come from a fork server that imported torch, transformers and the engine once (`rank_context`): each
+rank forks from it ready to run, where a spawned rank would import them again. The server is a clean single-threaded
+process, which is why it can fork safely where the caller (with torch's thread pool running) could not."""
 
 from __future__ import annotations
 
@@ -15,6 +19,16 @@ import torch.multiprocessing as mp
 
 from engine.config import EngineConfig
 from engine.parallel.group import free_port
+
+# What every rank imports: the fork server imports it once (rank_context).
+_PRELOAD = ["torch", "transformers", "engine.llm_engine", "engine.parallel.follower", "engine.parallel.group"]
+
+
+def rank_context() -> Any:
+    """The multiprocessing context rank processes start from: a fork server with the engine's imports done."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
 
 
 def _rank_main(rank: int, size: int, address: str, cfg: dict[str, Any], job: Callable[[Any], Any],
@@ -48,7 +62,7 @@ def run_local(size: int, config: EngineConfig, job: Callable[[Any], Any], thread
     """(what job returned on rank 0, the forwards each other rank ran). size: every rank, tensor_parallel_size x
     config.pipeline_parallel_size. job must be picklable (module level)."""
     cfg = {k: v for k, v in asdict(config).items() if k != "tensor_parallel_size"}
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     address = f"127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_rank_main, args=(r, size, address, cfg, job, threads, out), daemon=True)

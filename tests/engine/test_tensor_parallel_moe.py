@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import Qwen2MoeConfig, Qwen3MoeConfig, Qwen3VLMoeTextConfig
 from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
@@ -26,6 +25,7 @@ from engine.layers.moe import SparseMoeBlock
 from engine.loading.loader import load_model
 from engine.models.llama import MLP
 from engine.parallel.group import TPGroup, free_port
+from engine.parallel.local import rank_context
 from engine.parallel.shard import refusals
 from tests.engine.test_tensor_parallel import CFG, _check_greedy, _check_scoring
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
@@ -93,7 +93,7 @@ def _block_rank(rank: int, address: str, out: Any) -> None:
 
 
 def test_each_block_layout_split_over_two_gloo_ranks() -> None:
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     address = f"127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_block_rank, args=(r, address, out), daemon=True) for r in range(2)]
