@@ -12,7 +12,7 @@ import pytest
 from checks.lm_eval_compare import compare, hf_args, rayscore_args, run_lm_eval, sglang_args, write_task
 
 ATOL = 1e-4
-QUESTIONS = 20  # 80 loglikelihood requests per backend (two lm-eval processes: their start-up is most of the time)
+QUESTIONS = 20  # 80 loglikelihood requests per backend (an lm-eval process's start-up is most of its time)
 
 # --- the test --------------------------------------------------------------------------------------------
 
@@ -24,12 +24,21 @@ def url(serve_url: str) -> str:
     return shared_app(serve_url, num_workers=1)
 
 
-def test_lm_eval_local_completions_equals_its_hf_backend(url: str, smollm2_path: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("lm_eval")
-    task_dir = write_task(tmp_path / "task", QUESTIONS)
+    return write_task(tmp_path_factory.mktemp("lm_eval") / "task", QUESTIONS)
+
+
+@pytest.fixture(scope="module")
+def ref(task_dir: Path, smollm2_path: Path) -> dict:
+    """lm-eval's `hf` backend on the task: the one reference both backends' runs are compared with (run once)."""
+    return run_lm_eval("hf", hf_args(smollm2_path), task_dir, task_dir.parent / "hf")
+
+
+def test_lm_eval_local_completions_equals_its_hf_backend(url: str, task_dir: Path, ref: dict, tmp_path: Path) -> None:
     ours = run_lm_eval("local-completions", rayscore_args(url), task_dir, tmp_path / "rayscore", batch_size=4)
     assert "remote tokenizer" in ours["log"].lower()
-    ref = run_lm_eval("hf", hf_args(smollm2_path), task_dir, tmp_path / "hf")
     agreement = compare(ours, ref)
     print(f"lm-eval wall time: rayscore {ours['wall_s']:.1f} s, hf {ref['wall_s']:.1f} s; {agreement}")
     assert agreement["requests"] == QUESTIONS * 4
@@ -38,15 +47,13 @@ def test_lm_eval_local_completions_equals_its_hf_backend(url: str, smollm2_path:
     assert agreement["is_greedy_agree"] == f"{QUESTIONS * 4}/{QUESTIONS * 4}"
 
 
-def test_lm_eval_sglang_generate_equals_its_hf_backend(url: str, smollm2_path: Path, tmp_path: Path) -> None:
+def test_lm_eval_sglang_generate_equals_its_hf_backend(url: str, smollm2_path: Path, task_dir: Path, ref: dict,
+                                                      tmp_path: Path) -> None:
     """lm-eval's `sglang-generate` backend, unmodified: SGLang's dialect of /generate (a batch of id lists,
     max_new_tokens 1, logprob_start_len 0, top-1), parsed by lm-eval's own indexing of input_token_logprobs. Its
     is_greedy is not compared: sglang-generate computes it as `token != top token` for every row, the opposite of hf."""
-    pytest.importorskip("lm_eval")
-    task_dir = write_task(tmp_path / "task", QUESTIONS)
     ours = run_lm_eval("sglang-generate", sglang_args(url + "/generate", smollm2_path), task_dir,
                        tmp_path / "rayscore", batch_size=4)
-    ref = run_lm_eval("hf", hf_args(smollm2_path), task_dir, tmp_path / "hf")
     agreement = compare(ours, ref)
     print(f"lm-eval sglang-generate wall time: rayscore {ours['wall_s']:.1f} s, hf {ref['wall_s']:.1f} s; {agreement}")
     assert agreement["requests"] == QUESTIONS * 4
