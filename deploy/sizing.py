@@ -10,9 +10,10 @@ stay 16-bit, as DeepSeek-V3's checkpoint stores them) or mxfp4 (gpt-oss: the exp
 8-bit scale per 32 values, the rest 16-bit); or a dtype by name.
 
 Split: tensor parallelism divides every layer's weights by N (the engine's layout, engine/parallel/shard.py; the
-replicated router and norms are left out), the embedding stays whole on each rank of the first stage, the LM head
-is divided over the last stage's ranks. Pipeline parallelism gives each stage ceil(L / P) layers (the first
-stages the extra ones).
+replicated router and norms are left out) but MLA's latent projections (q_a_proj, kv_a_proj_with_mqa), whole on
+every rank; the embedding stays whole on each rank of the first stage, and the LM head is divided over the first
+stage's ranks too (the engine runs the head on stage 0: engine/parallel/pipeline.py). Pipeline parallelism gives each
+stage L // P layers, the remainder one more each on the last stages (the engine's stage_layers).
 
 KV per token, by attention kind: grouped heads, 2 x kv_heads x head_dim per layer, kv heads split over the ranks
 (replicated when fewer than N); MLA (DeepSeek-V3: kv_lora_rank set), the latent kv_lora_rank + qk_rope_head_dim per
@@ -40,6 +41,7 @@ class Layer:
     kv_splits: bool  # kv heads divide over tensor-parallel ranks
     kv_heads: int
     state_per_seq: float  # elements of a linear-attention layer's state per sequence (before any split)
+    replicated: float = 0.0  # of `attention`, the parameters whole on every tensor-parallel rank (MLA's latent path)
 
 
 @dataclass(frozen=True)
@@ -66,17 +68,16 @@ class ModelSize:
                       for x in self.layers))
 
     def stages(self, pp: int) -> list[list[Layer]]:
-        per = -(-len(self.layers) // pp)
-        return [self.layers[i * per:(i + 1) * per] for i in range(pp)]
+        sizes = [len(self.layers) // pp + (s >= pp - len(self.layers) % pp) for s in range(pp)]
+        return [self.layers[sum(sizes[:s]):sum(sizes[:s + 1])] for s in range(pp)]
 
     def rank_weights(self, tp: int, pp: int, stage: int) -> float:
         """Bytes of weights on one rank of `stage` (0-based) of tp x pp."""
         layers = self.stages(pp)[stage]
-        total = sum((x.attention + x.dense) * self.weight_bytes + x.experts * self.expert_bytes for x in layers) / tp
-        if stage == 0:
-            total += self.embed * self.embed_bytes  # whole on every rank
-        if stage == pp - 1:
-            total += self.head * self.embed_bytes / tp
+        total = sum((x.attention - x.replicated + x.dense) * self.weight_bytes + x.experts * self.expert_bytes
+                    for x in layers) / tp + sum(x.replicated for x in layers) * self.weight_bytes
+        if stage == 0:  # the embedding whole on every rank, the head's vocabulary split
+            total += self.embed * self.embed_bytes + self.head * self.embed_bytes / tp
         return total
 
     def rank_kv_per_token(self, tp: int, pp: int, stage: int) -> float:
@@ -137,11 +138,13 @@ def model_size(config: dict[str, Any], dtype: str = "served") -> ModelSize:
         q = h * q_lora + q_lora * heads * (nope + rope) if q_lora else h * heads * (nope + rope)
         full_attn = q + h * (kv_lora + rope) + kv_lora * heads * (nope + v_dim) + heads * v_dim * h
         full_kv, kv_split = kv_lora + rope, False
+        latent = (h * q_lora if q_lora else 0) + h * (kv_lora + rope)  # every rank computes the whole latent
     else:
         gated = 2 if cfg.get("attn_output_gate") or top.get("model_type", "").startswith(("qwen3_next", "qwen3_5")) \
             else 1  # Qwen3-Next / Qwen3.5 full-attention layers gate their output: q_proj twice as wide
         full_attn = h * heads * head_dim * gated + 2 * h * kv_heads * head_dim + heads * head_dim * h
         full_kv, kv_split = 2 * kv_heads * head_dim, True
+        latent = 0
     lin = None
     if "linear_attention" in types:
         nk, nv = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
@@ -177,7 +180,7 @@ def model_size(config: dict[str, Any], dtype: str = "served") -> ModelSize:
             dense = glu * h * shared + h * n_experts + (h if cfg.get("shared_expert_intermediate_size") else 0)
         else:
             experts, dense = 0.0, glu * h * dense_width
-        layers.append(Layer(attn, experts, dense, kv, kv_split, kv_heads, state))
+        layers.append(Layer(attn, experts, dense, kv, kv_split, kv_heads, state, 0.0 if linear and lin else latent))
     if cfg.get("num_nextn_predict_layers"):
         notes.append(f"{cfg['num_nextn_predict_layers']} multi-token-prediction layer(s) not counted (not served)")
     tied = bool(_get(cfg, "tie_word_embeddings", default=_get(top, "tie_word_embeddings", default=False)))

@@ -24,7 +24,6 @@ from engine.multimodal.request_images import RequestImages
 from engine.output_state import OutputState
 from engine.parallel.driver import TensorParallel
 from engine.parallel.group import TPGroup
-from engine.parallel.pipeline import stage_layers
 from engine.runner.lora import LoraManager
 from engine.runner.model_runner import ModelRunner
 from engine.runner.step_plan import ChunkResult
@@ -70,12 +69,9 @@ class LLMEngine:
                 raise ValueError(f"max_model_len {config.max_model_len} exceeds the {limit} positions this model "
                                  "is served exactly up to (its RoPE scaling: LlamaForCausalLM.position_limit)")
             self.max_model_len = limit
-        per_block = ModelRunner.bytes_per_block(self.model, config.block_size)
-        if config.pipeline_parallel_size > 1:  # kv_cache_mb bounds every rank: size the blocks by the largest stage
-            stages = [hi - lo for lo, hi in stage_layers(self.hf_config.get_text_config().num_hidden_layers,
-                                                         config.pipeline_parallel_size)]
-            per_block = per_block // stages[0] * max(stages)
-        num_blocks, states = self._cache_layout(config, per_block)
+        # kv_cache_bytes bounds every rank: with pipeline stages, the blocks are those the costliest stage fits.
+        costs = self.model.stage_costs or [(self.model.kv_bytes_per_token(), self.model.state_bytes_per_slot())]
+        num_blocks, states = self._cache_layout(config, [(config.block_size * kv, slot) for kv, slot in costs])
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache, states)
         # With tensor parallelism rank 0's manager sends each adapter load and eviction to the other ranks.
         self.lora = LoraManager(self.model, config, self.device, self.parallel)
@@ -87,7 +83,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, config, self.device, num_blocks, self.parallel, self.lora,
                                   self.max_model_len, state_rows=rows)
         if self.parallel is not None:
-            self.parallel.start(num_blocks)
+            self.parallel.start(num_blocks, rows)
         # The served weights' name (SGLang's weight_version): set by each update (engine/loading/weight_update.py).
         self.weight_version = DEFAULT_WEIGHT_VERSION
         self.seqs: dict[str, Sequence] = {}
@@ -98,20 +94,27 @@ class LLMEngine:
         self.counters = EngineCounters()
         self._ids = itertools.count()
 
-    def _cache_layout(self, config: EngineConfig, per_block: int) -> tuple[int, StateSlots | None]:
-        """(KV blocks, a hybrid's state rows). A hybrid's running slots (max_num_seqs) come out of kv_cache_bytes
+    def _cache_layout(self, config: EngineConfig, costs: list[tuple[int, int]]) -> tuple[int, StateSlots | None]:
+        """(KV blocks, a hybrid's state rows) from each pipeline stage's (bytes per KV block, state bytes per slot):
+        the fewest blocks any stage's rank fits. A hybrid's running slots (max_num_seqs) come out of kv_cache_bytes
         first; its prefix-cache snapshots (one per hybrid_state_interval cached tokens) are charged per block."""
-        slot = self.model.state_bytes_per_slot()
         if not self.model.hybrid:
-            return config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block), None
+            return config.num_kv_blocks or max(1, config.kv_cache_bytes // max(b for b, _ in costs)), None
         every = config.hybrid_state_interval if config.enable_prefix_cache else 0
-        running = config.max_num_seqs * slot
-        if running >= config.kv_cache_bytes and not config.num_kv_blocks:
-            raise ValueError(f"kv_cache_bytes {config.kv_cache_bytes} leaves no KV block beside the "
-                             f"{config.max_num_seqs} state slots of {type(self.model).__name__} ({running} bytes: "
-                             f"max_num_seqs x {slot}); raise kv_cache_bytes or lower max_num_seqs")
-        block = per_block + (config.block_size * slot // every if every else 0)
-        num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_bytes - running) // block)
+        fits = []
+        for per_block, slot in costs:
+            running = config.max_num_seqs * slot
+            if running >= config.kv_cache_bytes and not config.num_kv_blocks:
+                raise ValueError(f"kv_cache_bytes {config.kv_cache_bytes} leaves no KV block beside the "
+                                 f"{config.max_num_seqs} state slots of {type(self.model).__name__} ({running} bytes: "
+                                 f"max_num_seqs x {slot}); raise kv_cache_bytes or lower max_num_seqs")
+            block = per_block + (config.block_size * slot // every if every else 0)
+            if block:  # a stage of linear layers only, without snapshots, holds nothing per block
+                fits.append((config.kv_cache_bytes - running) // block)
+        if not fits and not config.num_kv_blocks:
+            raise ValueError("num_kv_blocks must be set: no layer holds anything per KV block (no full-attention "
+                             "layer in layer_types, and no hybrid_state_interval snapshots)")
+        num_blocks = config.num_kv_blocks or max(1, min(fits))
         return num_blocks, StateSlots(config.max_num_seqs, num_blocks * config.block_size // every if every else 0,
                                       every)
 

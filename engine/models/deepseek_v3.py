@@ -97,7 +97,7 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
         layer = self.model.layers[i]
         attn = layer.self_attn
         names = ["q_proj"] if attn.q_lora_rank is None else ["q_a_proj", "q_b_proj"]
-        targets = {n: (getattr(attn, n), 0, [getattr(attn, n).out_features])
+        targets = {n: (getattr(attn, n), 0, getattr(attn, n).whole_parts([getattr(attn, n).out_features]))
                    for n in [*names, "kv_a_proj_with_mqa", "o_proj"]}
         mlp = layer.mlp
         if isinstance(mlp, MLP):

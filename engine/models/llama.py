@@ -247,6 +247,9 @@ class LlamaForCausalLM(nn.Module):
         self.final_logit_softcap: float | None = None
         # EngineConfig.float32_head (set by the loader): the head projects the upcast norm output in float32.
         self.float32_head = False
+        # Pipeline parallelism: every stage's (KV bytes per token, state bytes per slot), set at the cut
+        # (engine/parallel/pipeline.py's stage_costs); empty: this model is whole.
+        self.stage_costs: list[tuple[int, int]] = []
         # The first layer with attention (a hybrid's first layers may have none).
         head = next((layer.self_attn for layer in self.model.layers if hasattr(layer, "self_attn")), None)
         self.num_kv_heads = head.num_kv_heads if head else 0

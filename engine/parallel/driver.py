@@ -34,8 +34,8 @@ class TensorParallel:
         self.group.broadcast_object(msg)
 
     # --- rank 0's calls -----------------------------------------------------------------------------
-    def start(self, num_blocks: int) -> None:
-        self.send(Setup(num_blocks))
+    def start(self, num_blocks: int, state_rows: int = 0) -> None:
+        self.send(Setup(num_blocks, state_rows))
 
     def stop(self) -> None:
         self.send(Stop())
@@ -47,7 +47,8 @@ class TensorParallel:
         previous stage's hidden states). Rank 0 then calls finish_forward."""
         cpu = torch.device("cpu")
         self.send(Forward(input_ids.to(cpu), positions.to(cpu), meta.slot_mapping.to(cpu), list(meta.starts),
-                          list(meta.lens), [s.to(cpu) for s in meta.context_slots], list(lora or [])))
+                          list(meta.lens), [s.to(cpu) for s in meta.context_slots], list(lora or []),
+                          list(meta.state_slots), list(meta.state_sources), [list(s) for s in meta.state_saves]))
 
     def finish_forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Stage 0's [T, hidden] -> the last stage's (the same tensor with one stage)."""

@@ -42,10 +42,13 @@ class Follower:
     def handle(self, msg: Setup | Forward | Adapter | Score | Targets | Logits) -> None:
         hidden_size, dtype, dev = self.model.hidden_size, self.model.dtype, self.device
         if isinstance(msg, Setup):
-            self.kv_caches = self.model.make_kv_caches(msg.num_blocks * self.block_size, dev)
+            slots = msg.num_blocks * self.block_size
+            self.kv_caches = (self.model.make_kv_caches(slots, dev, state_slots=msg.state_rows) if self.model.hybrid
+                              else self.model.make_kv_caches(slots, dev))
         elif isinstance(msg, Forward):
             meta = AttentionMetadata(msg.slot_mapping.to(dev), msg.starts, msg.lens,
-                                     [s.to(dev) for s in msg.context_slots])
+                                     [s.to(dev) for s in msg.context_slots], state_slots=msg.state_slots,
+                                     state_sources=msg.state_sources, state_saves=msg.state_saves)
             meta.finalize(dev, dtype)
             self.adapters.step.set(msg.lora, dtype, dev)  # the grouped form's indices too, never a stale step's
             before = None if self.pipeline.first else self.pipeline.receive(len(msg.input_ids))

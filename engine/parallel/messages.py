@@ -11,6 +11,7 @@ import torch
 @dataclass
 class Setup:
     num_blocks: int  # KV blocks: every rank's cache has as many as rank 0's block tables address
+    state_rows: int = 0  # a hybrid's state rows (running slots, then snapshots): as many as rank 0's StateSlots
 
 
 @dataclass
@@ -25,6 +26,11 @@ class Forward:
     context_slots: list[torch.Tensor]
     # (LoRA adapter slot, first row, end row) runs of the step's rows (engine/layers/lora.py's LoraStep)
     lora: list[tuple[int, int, int]] = field(default_factory=list)
+    # A hybrid's linear layers: AttentionMetadata's state_slots, state_sources, state_saves (rank 0's rows; each
+    # rank's rows hold its own heads of its own stage's layers)
+    state_slots: list[int] = field(default_factory=list)
+    state_sources: list[int] = field(default_factory=list)
+    state_saves: list[list[tuple[int, int]]] = field(default_factory=list)
 
 
 @dataclass

@@ -36,6 +36,22 @@ def stage_layers(num_layers: int, stages: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def stage_costs(model: LlamaForCausalLM, stages: int) -> list[tuple[int, int]]:
+    """Per stage, (KV bytes per token, hybrid state bytes per slot) of its layers, from the whole model before the
+    cut (a rank's shard of it: its heads): rank 0 holds stage 0 only, yet sizes the cache every stage's ranks hold.
+    Layers of one kind cost the same, but a hybrid's stages hold different mixes of kinds (a stage may have no
+    attention layer at all)."""
+    whole = model.model.layers
+    costs = []
+    try:
+        for lo, hi in stage_layers(len(whole), stages):
+            model.model.layers = nn.ModuleList(list(whole)[lo:hi])
+            costs.append((model.kv_bytes_per_token(), model.state_bytes_per_slot()))
+    finally:
+        model.model.layers = whole
+    return costs
+
+
 def cut_stage(model: LlamaForCausalLM, stage: int, stages: int) -> None:
     """Keep stage `stage`'s layers only (in place; make_kv_caches then allocates theirs only). A later stage keeps
     no embedding rows and no LM head: empty tables keep the model's dtype and shapes' hidden size."""

@@ -12,7 +12,17 @@
   is split as the dense MLP, its down projection's partial sum added to the routed one before the block's all-reduce;
 - LM head: vocabulary parallel, contiguous ranges of ceil(V/N) rows (vocab.py); the embedding stays replicated
   (a row lookup: no collective per step, for V x hidden values per rank);
-- attention sinks (gpt-oss, one logit per query head): split with the query heads;
+- attention sinks (gpt-oss, one logit per query head): split with the query heads; Qwen3.5's gated attention (each
+  head's query then its output gate in q_proj) splits q_proj by head, each head's gate with it;
+- multi-head latent attention (DeepSeek-V3): the heads split, q_proj / q_b_proj rows and the absorbed kv_b_proj by
+  head, o_proj row parallel (one all-reduce); the latent projections (q_a_proj, q_a_layernorm, kv_a_proj_with_mqa,
+  kv_a_layernorm) replicated, so every rank computes and caches the whole latent of each token (one [c, k_pe] vector
+  per token and layer, as vLLM and SGLang keep MLA's cache under TP: it has no head axis to split);
+- Gated DeltaNet linear attention (Qwen3.5): heads split, rank r holding key heads [r Hk/N, (r+1) Hk/N) and the
+  value heads they serve ([r Hv/N, (r+1) Hv/N): each key head serves Hv/Hk consecutive value heads), so in_proj_qkv's
+  q, k and v rows, the conv1d channels, in_proj_z, in_proj_b, in_proj_a, A_log and dt_bias by head, out_proj row
+  parallel (one all-reduce); the gated norm (one weight over a head's value dims) replicated. A rank's state slots
+  hold its heads' conv and recurrent state only;
 - norms, rotary tables, per-head q/k norms: replicated; a classifier's score head too (rank 0 applies it to the
   pooled row, which the last all-reduce made the same on every rank): no vocabulary to split;
 - LoRA adapters: each split Linear records which share of the whole linear it is (engine/layers/lora.py's Shard),
@@ -28,11 +38,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.layers.linear import Linear, linear
 from engine.layers.lora import Shard
 from engine.layers.mla import MultiHeadLatentAttention
 from engine.layers.moe import SparseMoeBlock
 from engine.models.llama import MLP, LlamaForCausalLM
+from engine.models.qwen3_5 import GatedAttention
 from engine.parallel.group import TPGroup
 
 
@@ -65,15 +77,20 @@ def refusals(model: LlamaForCausalLM, size: int, expert_parallel: bool = False) 
     """Why `model` cannot be split over `size` ranks, each naming its config field; empty: it can."""
     cfg = model.config
     found: list[str] = []
-    attn = model.model.layers[0].self_attn if model.num_layers else None
-    if isinstance(attn, MultiHeadLatentAttention):  # its heads share one latent: not q/k/v heads to split
-        found.append("multi-head latent attention (kv_lora_rank) is not split across ranks")
+    attn = next((layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")), None)
+    if isinstance(attn, MultiHeadLatentAttention):  # one latent shared by every head: the heads split, not it
+        if attn.num_heads % size:
+            found.append(f"num_attention_heads {attn.num_heads} is not divisible by tensor_parallel_size {size}")
     elif attn is not None:
         hq, hkv = attn.num_heads, attn.num_kv_heads
         if hq % size:
             found.append(f"num_attention_heads {hq} is not divisible by tensor_parallel_size {size}")
         if hkv % size and size % hkv:
             found.append(f"num_key_value_heads {hkv} neither divides nor is divisible by tensor_parallel_size {size}")
+    linear_attn = next((layer.linear_attn for layer in model.model.layers if hasattr(layer, "linear_attn")), None)
+    if linear_attn is not None and linear_attn.num_k_heads % size:  # then Hv (a multiple of Hk) splits too
+        found.append(f"linear_num_key_heads {linear_attn.num_k_heads} is not divisible by tensor_parallel_size "
+                     f"{size}")
     widths: dict[str, int] = {}  # config field -> a width that must split evenly
     for layer in model.model.layers:
         mlp = layer.mlp
@@ -106,12 +123,18 @@ def shard_model(model: LlamaForCausalLM, group: TPGroup, expert_parallel: bool =
         raise ValueError(f"{type(model).__name__} cannot be served with tensor_parallel_size {size}: "
                          + "; ".join(broken))
     for layer in model.model.layers:
-        _shard_attention(layer.self_attn, rank, size, group)
+        if isinstance(getattr(layer, "linear_attn", None), GatedDeltaNet):
+            _shard_linear_attention(layer.linear_attn, rank, size, group)
+        elif isinstance(layer.self_attn, MultiHeadLatentAttention):
+            _shard_latent_attention(layer.self_attn, rank, size, group)
+        else:
+            _shard_attention(layer.self_attn, rank, size, group)
         if isinstance(layer.mlp, SparseMoeBlock):
             shard_moe(layer.mlp, rank, size, group, expert_parallel)
         else:
             _shard_mlp(layer.mlp, rank, size, group)
-    model.num_kv_heads = model.model.layers[0].self_attn.num_kv_heads if model.num_layers else 0
+    attn = next((layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")), None)
+    model.num_kv_heads = attn.num_kv_heads if attn is not None else 0
     if model.classifier:  # the score head stays whole: rank 0 applies it to a pooled row, the same on every rank
         return
     lo, hi = vocab_range(model.config.vocab_size, rank, size)
@@ -143,17 +166,62 @@ def _shard_attention(attn: nn.Module, rank: int, size: int, group: TPGroup) -> N
     q_local = hq // size
     kv_local = hkv // size if hkv % size == 0 else 1
     kv_first = rank * kv_local if hkv % size == 0 else rank // (size // hkv)  # replicated: N / Hkv ranks per head
-    q0, k0, v0 = 0, hq * d, (hq + hkv) * d  # q, k, v rows of the fused projection
+    # q rows per head: its query, and with an output gate (Qwen3.5) its gate after it, the two split together.
+    qd = 2 * d if isinstance(attn, GatedAttention) else d
+    q0, k0, v0 = 0, hq * qd, hq * qd + hkv * d  # q, k, v rows of the fused projection
     qkv = attn.qkv_proj
-    attn.qkv_proj = _column([(q0 + rank * q_local * d, q0 + (rank + 1) * q_local * d),
+    attn.qkv_proj = _column([(q0 + rank * q_local * qd, q0 + (rank + 1) * q_local * qd),
                              (k0 + kv_first * d, k0 + (kv_first + kv_local) * d),
                              (v0 + kv_first * d, v0 + (kv_first + kv_local) * d)], qkv.weight, qkv.bias,
-                            [hq * d, hkv * d, hkv * d])
+                            [hq * qd, hkv * d, hkv * d])
     o = attn.o_proj
     attn.o_proj = _row(o.weight, o.bias, rank * q_local * d, (rank + 1) * q_local * d, group)
     if attn.sinks is not None:  # gpt-oss: one sink logit per query head, kept with its head
         attn.sinks = nn.Parameter(attn.sinks[rank * q_local:(rank + 1) * q_local].contiguous(), requires_grad=False)
     attn.num_heads, attn.num_kv_heads = q_local, kv_local
+
+
+def _shard_latent_attention(attn: MultiHeadLatentAttention, rank: int, size: int, group: TPGroup) -> None:
+    """The module docstring's MLA layout: this rank's heads of q and of the absorbed kv_b_proj, o_proj's columns of
+    them; the latent path stays whole (each rank caches every token's whole latent)."""
+    local = attn.num_heads // size
+    lo, hi = rank * local, (rank + 1) * local
+    name = "q_proj" if attn.q_lora_rank is None else "q_b_proj"
+    q = getattr(attn, name)
+    setattr(attn, name, _column([(lo * attn.qk_dim, hi * attn.qk_dim)], q.weight, q.bias, [q.out_features]))
+    kv_b = attn.kv_b_proj  # per head its k_nope rows then its v rows: a head's rows are contiguous
+    per_head = attn.nope_dim + attn.v_dim
+    attn.kv_b_proj = _column([(lo * per_head, hi * per_head)], kv_b.weight, kv_b.bias, [kv_b.out_features])
+    o = attn.o_proj
+    attn.o_proj = _row(o.weight, o.bias, lo * attn.v_dim, hi * attn.v_dim, group)
+    attn.num_heads = local
+    attn.fuse()  # w_uk / w_uv: views of this rank's kv_b_proj
+
+
+def _shard_linear_attention(gdn: GatedDeltaNet, rank: int, size: int, group: TPGroup) -> None:
+    """The module docstring's Gated DeltaNet layout: this rank's key heads and the value heads they serve."""
+    hk, hv, dk, dv = gdn.num_k_heads // size, gdn.num_v_heads // size, gdn.head_k_dim, gdn.head_v_dim
+    k_lo, k_hi, v_lo, v_hi = rank * hk * dk, (rank + 1) * hk * dk, rank * hv * dv, (rank + 1) * hv * dv
+    key, value = gdn.key_dim, gdn.value_dim
+    channels = [(k_lo, k_hi), (key + k_lo, key + k_hi), (2 * key + v_lo, 2 * key + v_hi)]  # its q, k, v
+    qkv = gdn.in_proj_qkv
+    gdn.in_proj_qkv = _column(channels, qkv.weight, qkv.bias, [key, key, value])
+    conv = torch.cat([gdn.conv1d.weight[lo:hi] for lo, hi in channels])  # depthwise: one filter per channel
+    gdn.conv1d = nn.Conv1d(conv.shape[0], conv.shape[0], gdn.kernel, groups=conv.shape[0], bias=False, device="meta")
+    gdn.conv1d.weight = _frozen(conv)
+    z = gdn.in_proj_z
+    gdn.in_proj_z = _column([(v_lo, v_hi)], z.weight, z.bias, [value])
+    heads = (rank * hv, (rank + 1) * hv)
+    for name in ("in_proj_b", "in_proj_a"):
+        proj = getattr(gdn, name)
+        setattr(gdn, name, _column([heads], proj.weight, proj.bias, [gdn.num_v_heads]))
+    gdn.dt_bias = _frozen(gdn.dt_bias[heads[0]:heads[1]])
+    gdn.A_log = _frozen(gdn.A_log[heads[0]:heads[1]])
+    out = gdn.out_proj
+    gdn.out_proj = _row(out.weight, out.bias, v_lo, v_hi, group)
+    gdn.num_k_heads, gdn.num_v_heads = hk, hv
+    gdn.key_dim, gdn.value_dim = hk * dk, hv * dv
+    gdn.conv_dim = 2 * gdn.key_dim + gdn.value_dim
 
 
 def _shard_mlp(mlp: MLP, rank: int, size: int, group: TPGroup, reduce: bool = True) -> None:
