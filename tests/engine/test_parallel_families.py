@@ -1,6 +1,7 @@
 """The 2026 teachers split over ranks (engine/parallel/shard.py, pipeline.py) on real gloo ranks, without Ray
-(tests/helpers/tp.py). Each MoE family at tensor_parallel_size 2 x pipeline_parallel_size 2 (3 layers cut 1 + 2:
-each stage's two ranks split their own layers), and Qwen3.5 dense and DeepSeek-V3 at TP 2. Each run: a 29-token
+(tests/helpers/tp.py): Qwen3.5-MoE at tensor_parallel_size 2 x pipeline_parallel_size 2 (3 layers cut 1 + 2: each
+stage's two ranks split their own layers), Qwen3.5 dense and DeepSeek-V3 at TP 2. (Qwen3-MoE and DeepSeek-V3 at
+TP 2 x PP 2: tests/engine/test_pipeline_parallel.py; gpt-oss: test_tensor_parallel_moe.py.) Each run: a 29-token
 prompt prefilled in chunks of the 16-token budget and scored with top-k, beside a greedy generation, then a prompt
 sharing the first one's first 24 tokens (a prefix-cache hit: rank 0's hidden-state store; Qwen3.5 resumes its
 linear layers from the state snapshot every 8 tokens, which each rank keeps of its own heads and layers). Rows equal
@@ -20,9 +21,7 @@ from engine.parallel.shard import refusals
 from tests.engine.test_pipeline_parallel import _check_greedy
 from tests.engine.test_tensor_parallel import CFG, _check_scoring
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
-from tests.helpers.families import family_path
 from tests.helpers.tiny_deepseek_v3 import build_deepseek_v3
-from tests.helpers.tiny_gpt_oss import gpt_oss_path
 from tests.helpers.tiny_qwen3_5 import qwen3_5_path
 from tests.helpers.tp import run_split
 
@@ -30,24 +29,15 @@ from tests.helpers.tp import run_split
 def _path(family: str, tmp_path: Path) -> Path:
     if family.startswith("dsv3"):
         return build_deepseek_v3(tmp_path / family, family)
-    if family.startswith("qwen3_5"):
-        return qwen3_5_path(family)
-    return gpt_oss_path() if family == "gpt-oss" else family_path(family)
+    return qwen3_5_path(family)
 
 
 # (family, ranks, stages), with the branches each covers:
 CASES = [
-    # grouped attention split by heads; experts split by width on sparse layers 0 and 2, a dense MLP on layer 1
-    ("qwen3-moe", 4, 2),
     # Gated DeltaNet (key heads 2 -> 1 per rank, their value heads 4 -> 2) and gated attention (each head's output
-    # gate with it); the sigmoid-gated shared expert; stage 0 holds one linear layer and no KV (the blocks sized by
-    # stage 1's costs), every rank state rows of its own layers
+    # gate with it); experts and the sigmoid-gated shared expert; stage 0 holds one linear layer and no KV (the
+    # blocks sized by stage 1's costs), every rank the state rows and snapshots of its own layers' heads
     ("qwen3_5-moe", 4, 2),
-    # sinks with their heads, biased experts, sliding and full layers on both stages
-    ("gpt-oss", 4, 2),
-    # MLA heads split with q through its low rank (q_b_proj by head), the latent whole on each rank; a dense layer
-    # on stage 0, MoE layers with the group-limited router and a shared expert on stage 1
-    ("dsv3", 4, 2),
     # Qwen3.5 dense: the linear and gated layers split beside a dense MLP, one stage
     ("qwen3_5", 2, 1),
     # MLA with q_proj straight from the hidden state (split by head), rotate-half rotary, one stage

@@ -2,7 +2,8 @@
 group (tests/helpers/tp.py). Every row equals transformers' float32 forward and the same engine on one device within
 1e-4: chunked prefill, scoring with top-k, greedy and seeded sampling in one batch, prefix-cache hits through rank
 0's hidden-state store, at PP 2 (one rank per stage) and TP 2 x PP 2 (dense Llama), and Qwen3-MoE and DeepSeek-V3
-at PP 2 with an uneven cut (3 layers: 1 + 2)."""
+at TP 2 x PP 2 with an uneven cut (3 layers: 1 + 2). Qwen3.5-MoE (a hybrid) and gpt-oss at TP 2 x PP 2:
+tests/engine/test_parallel_families.py and test_tensor_parallel_moe.py."""
 
 from __future__ import annotations
 
@@ -71,10 +72,12 @@ def test_dense_stages_equal_transformers_and_one_device(tiny_models, size: int, 
 
 @pytest.mark.parametrize("family", ["qwen3-moe", "dsv3"])
 def test_moe_stages_equal_transformers(tmp_path: Path, family: str) -> None:
-    """PP 2, each 3 layers cut 1 + 2. Qwen3-MoE: sparse, dense, sparse layers (both kinds cross the cut).
-    DeepSeek-V3: a dense layer then two MoE ones, its latent cache (one vector per token and layer) per stage."""
+    """TP 2 x PP 2, each 3 layers cut 1 + 2, each stage's 2 ranks splitting its own layers. Qwen3-MoE: sparse,
+    dense, sparse layers (both kinds cross the cut), experts split by width. DeepSeek-V3: a dense layer then two MoE
+    ones; MLA's heads split (q through its low rank: q_b_proj by head), each rank caching the whole latent (one
+    vector per token and layer) of its stage's layers."""
     path = family_path(family) if family != "dsv3" else build_deepseek_v3(tmp_path / "dsv3", "dsv3")
-    _check(path, 2, 2)
+    _check(path, 4, 2)
 
 
 def test_stage_cut() -> None:

@@ -1,8 +1,9 @@
 """Mixture-of-experts blocks split over ranks (engine/parallel/shard.py's shard_moe), on real gloo ranks:
 
 - the whole Qwen3-MoE engine at tensor_parallel_size 2, experts split by width (the default) and whole experts
-  per rank (expert_parallel), and gpt-oss's (biased experts, sinks): scoring rows (top-k) and greedy generation
-  equal transformers' float32 forward and the same engine on one device within 1e-4;
+  per rank (expert_parallel), and gpt-oss's (biased experts, sinks) at TP 2 x PP 2: scoring rows (top-k), a
+  prefix-cache hit and greedy generation equal transformers' float32 forward and the same engine on one device
+  within 1e-4;
 - each block layout alone against transformers' own block at 2 ranks, both splits: Qwen3-MoE's router without
   renormalisation, Qwen3-VL-MoE's stacked experts (its engine is refused at tensor_parallel_size > 1 for its image
   rows, engine/loading/sharded.py, so its block is checked here), Qwen2-MoE's shared expert with its sigmoid gate
@@ -36,20 +37,26 @@ from tests.helpers.tp import run_split
 _SIZES: dict[str, Any] = dict(hidden_size=32, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
 
 
-@pytest.mark.parametrize(("family", "expert_parallel"), [("qwen3-moe", False), ("qwen3-moe", True),
-                                                         ("gpt-oss", False)])
-def test_moe_engine_at_two_ranks(family: str, expert_parallel: bool) -> None:
-    """Qwen3-MoE: layers 0 and 2 sparse, 1 dense, both MLP kinds split in one model. gpt-oss: biased experts (each
-    rank's gate/up bias rows, the down bias added once) and sinks split with their heads."""
+@pytest.mark.parametrize(("family", "expert_parallel", "stages"), [("qwen3-moe", False, 1), ("qwen3-moe", True, 1),
+                                                                   ("gpt-oss", False, 2)])
+def test_moe_engine_at_two_ranks(family: str, expert_parallel: bool, stages: int) -> None:
+    """Qwen3-MoE: layers 0 and 2 sparse, 1 dense, both MLP kinds split in one model. gpt-oss at TP 2 x PP 2 (3
+    layers cut 1 + 2, sliding and full layers on both stages): biased experts (each rank's gate/up bias rows, the
+    down bias added once) and sinks split with their heads; then a prompt sharing 24 tokens (a prefix-cache hit)."""
     path = family_path(family) if family == "qwen3-moe" else gpt_oss_path()
     ids = rand_ids(29, 21)
+    shared = ids[:24] + rand_ids(6, 22)
     params = [scoring(0, k=3), greedy(5)]
-    cfg = dict(model=str(path), expert_parallel=expert_parallel, **CFG)
-    split = run_split(2, cfg, [([ids, ids[:9]], params)])
-    (scored, generated), = split.outputs
-    alone = make_engine(path, **CFG).generate([ids, ids[:9]], params)
+    batches = [([ids, ids[:9]], params), ([shared], [scoring(1, k=2)])]
+    cfg = dict(model=str(path), expert_parallel=expert_parallel, pipeline_parallel_size=stages, **CFG)
+    split = run_split(2 * stages, cfg, batches)
+    (scored, generated), (warm,) = split.outputs
+    one = make_engine(path, **CFG)
+    alone = one.generate([ids, ids[:9]], params)
     _check_scoring(path, ids, 0, 3, scored, alone[0])
     _check_greedy(path, ids[:9], 5, generated, alone[1])
+    _check_scoring(path, shared, 1, 2, warm, one.generate([shared], [scoring(1, k=2)])[0])
+    assert warm.cached_tokens == 24
 
 
 def _blocks() -> dict[str, tuple[torch.nn.Module, SparseMoeBlock]]:
