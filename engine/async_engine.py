@@ -218,6 +218,9 @@ class AsyncEngine:
 
     def _dispatch(self, cmd: Command) -> None:
         draining = isinstance(cmd, Control) and isinstance(cmd.op, Pause) and cmd.op.drain
+        if isinstance(cmd, RunBetweenSteps | Control):  # between two steps: none in flight (pipeline overlap)
+            for out in self.engine.drain():
+                self._deliver(out)
         if (isinstance(cmd, AddRequest | RunExclusive) or draining) and self._exclusive is not None:
             self._held.append(cmd)  # starts after the exclusive call, on what it leaves (new weights)
         elif isinstance(cmd, AddRequest):

@@ -117,6 +117,11 @@ class EngineConfig:
     pipeline_parallel_size: int = _doc(1, "Pipeline stages one worker cuts the layers into, each a tensor-parallel "
                                        "group of tensor_parallel_size ranks (one node each); activations go stage "
                                        "to stage. 1: no pipeline.")
+    # engine/llm_engine.py's step: disjoint requests per step in flight; the rows are the same either way.
+    pipeline_overlap: bool = _doc(True, "With pipeline_parallel_size P > 1: keep up to P engine steps in flight, "
+                                  "each with its own requests, so the stages overlap (stage 1 runs a step while "
+                                  "stage 0 runs the next); false: one step at a time, faster where the stages "
+                                  "share CPU cores rather than own a GPU or node each. No effect with one stage.")
     expert_parallel: bool = _doc(False, "With tensor_parallel_size N > 1: each rank holds E/N whole experts of "
                                  "every mixture-of-experts block (num_experts divisible by N) instead of 1/N of "
                                  "every expert's width (the default). No effect on dense models or one rank.")

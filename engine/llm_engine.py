@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,12 +27,21 @@ from engine.output_state import OutputState
 from engine.parallel.driver import TensorParallel
 from engine.parallel.group import TPGroup
 from engine.runner.lora import LoraManager
-from engine.runner.model_runner import ModelRunner
+from engine.runner.model_runner import Launched, ModelRunner
 from engine.runner.step_plan import ChunkResult
 from engine.stats import EngineCounters, EngineStats, token_load
 from protocol.outputs import DEFAULT_WEIGHT_VERSION, FinishReason, RequestOutput, merge_outputs
 from protocol.sampling import SamplingParams
 from rulebook import limits, pooling, rules
+
+
+@dataclass
+class _InFlight:
+    """A step launched and not finished: the runner's half, its requests' generators, when it was scheduled."""
+
+    launched: Launched
+    generators: dict[str, torch.Generator]
+    started: float
 
 
 class RequestError(ValueError):
@@ -93,6 +104,11 @@ class LLMEngine:
         self.num_finished = 0
         self.counters = EngineCounters()
         self._ids = itertools.count()
+        # Pipeline overlap: up to `depth` steps launched and not yet finished, oldest first (step()).
+        self.depth = config.pipeline_parallel_size if config.pipeline_overlap else 1
+        self.in_flight: deque[_InFlight] = deque()
+        self.peak_in_flight = 0  # the most steps ever in flight at once (1 without overlap)
+        self._drained: list[RequestOutput] = []  # outputs of steps drained by flush_cache, for the next step()
 
     def _cache_layout(self, config: EngineConfig, costs: list[tuple[int, int]]) -> tuple[int, StateSlots | None]:
         """(KV blocks, a hybrid's state rows) from each pipeline stage's (bytes per KV block, state bytes per slot):
@@ -204,6 +220,7 @@ class LLMEngine:
     def close(self) -> None:
         """Lets the other ranks of a tensor-parallel engine leave their loop (nothing to do on one device)."""
         if self.parallel is not None:
+            self.drain()  # every stage's sends taken before Stop: a later stage leaves once its sends are done
             self.parallel.stop()
             self.parallel = None
 
@@ -219,22 +236,65 @@ class LLMEngine:
         return config.image_patch_budget if self.model.multimodal else None
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self.in_flight) or bool(self._drained)
 
     # --- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        started = time.perf_counter()
-        sched = self.scheduler.schedule()
-        self.counters.on_schedule(sched)
-        outputs = [self._refuse(seq, message) for seq, message in sched.refused]
-        if not sched.chunks:
-            return outputs
-        results = self.runner.execute(sched, self.generators)
+        """Launch steps until `depth` are in flight (or nothing is left to schedule), then finish the oldest one.
+
+        With one step in flight (depth 1: one stage, or pipeline_overlap off) this is schedule, execute, update.
+        With P pipeline stages and pipeline_overlap, each launch runs stage 0's layers and hands the step on; the
+        next launch takes requests not in any step in flight (a request's counters move when its step comes back),
+        so stage 0 runs step k + 1 while stage 1 runs step k, and rank 0 finishes step k (store, scoring rows,
+        sampling) once it is back. Each step takes about 1/depth of the running requests, so the steps are alike.
+        Steps finish in launch order, so every step sees the KV cache and stores of the earlier ones, as when
+        they run one at a time: the rows are the same whatever the overlap."""
+        outputs, self._drained = self._drained, []
+        while len(self.in_flight) < self.depth:
+            started = time.perf_counter()
+            sched = self.scheduler.schedule(self._share())
+            self.counters.on_schedule(sched)
+            outputs.extend(self._refuse(seq, message) for seq, message in sched.refused)
+            if not sched.chunks:
+                break
+            # Its requests' generators now: a request aborted meanwhile leaves, and its id may come back.
+            generators = {c.seq.request_id: self.generators[c.seq.request_id] for c in sched.chunks}
+            for chunk in sched.chunks:
+                chunk.seq.in_flight = True
+            self.in_flight.append(_InFlight(self.runner.launch(sched), generators, started))
+            self.peak_in_flight = max(self.peak_in_flight, len(self.in_flight))
+        if self.in_flight:
+            outputs.extend(self._finish_oldest())
+        return outputs
+
+    def _share(self) -> int | None:
+        """The most requests one step takes with several in flight: an even share of the live ones (None: any)."""
+        if self.depth == 1:
+            return None
+        live = min(len(self.scheduler.running) + len(self.scheduler.waiting), self.config.max_num_seqs)
+        return max(1, -(-live // self.depth))
+
+    def _finish_oldest(self) -> list[RequestOutput]:
+        step = self.in_flight.popleft()
+        sched = step.launched.sched
+        results = self.runner.finish(step.launched, step.generators)
+        outputs = []
         for chunk, result in zip(sched.chunks, results, strict=True):
+            chunk.seq.in_flight = False
+            if chunk.seq.is_finished:
+                continue  # aborted while its step was in flight: its blocks are gone, its answer sent
             out = self._update(chunk, result)
             if out is not None:
                 outputs.append(out)
-        self.counters.on_step(sched, time.perf_counter() - started)
+        self.counters.on_step(sched, time.perf_counter() - step.started)
+        return outputs
+
+    def drain(self) -> list[RequestOutput]:
+        """Finish every step in flight (before what needs the requests at rest: a pause, a cache flush); their
+        outputs, which the caller delivers."""
+        outputs = []
+        while self.in_flight:
+            outputs.extend(self._finish_oldest())
         return outputs
 
     def _update(self, chunk: ScheduledChunk, r: ChunkResult) -> RequestOutput | None:
@@ -311,7 +371,9 @@ class LLMEngine:
 
     def flush_cache(self) -> None:
         """Empty the prefix cache, and with it what the hidden-state store and log-sum-exp store serve (both are
-        read only at cached positions)."""
+        read only at cached positions). Steps still in flight finish first (their outputs come with the next
+        step; the worker drains and delivers them before it calls this)."""
+        self._drained.extend(self.drain())
         self.kv.reset()
         self.runner.scorer.forget()
 

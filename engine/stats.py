@@ -83,7 +83,7 @@ class EngineCounters:
 
 def stored_rows(sched: SchedulerOutput) -> int:
     """Scoring rows of this step at positions before each chunk's start: the model runner reads their hidden
-    states from the store (model_runner.execute: rows next_score_position .. last, `p < start`)."""
+    states from the store (ModelRunner.finish: rows next_score_position .. last, `p < start`)."""
     n = 0
     for chunk in sched.chunks:
         seq = chunk.seq

@@ -7,6 +7,10 @@ bytes each rank moves per scoring row with the vocab-parallel log-softmax agains
     python -m bench tp --moe [--sizes 1 2] (MOE_SHAPE: each TP > 1 twice, experts split by width, then whole
                                             experts per rank: expert_parallel)
 
+Each size with P > 1 runs twice: one step at a time (pipeline_overlap false, "seq"), then with up to P steps in
+flight (the default); the last columns give the peak of steps in flight and the throughput of each phase (tokens
+computed per second of wall time), which is what overlap changes: it runs more, smaller steps at once.
+
 Default model: SmolLM2-135M's shape with random weights (hidden 576, 30 layers, MLP 1536, vocab 49,152, tied) but
 12 query / 6 KV heads of 48, so that 2 and 3 both divide them (the embedded SmolLM2's 9 / 3 heads take 1 and 3:
 --model smollm2-135m-instruct --sizes 1 3).
@@ -69,17 +73,24 @@ class Figures:
     topk_bytes_per_row: float  # the same with top-k = 5
     gather_bytes_per_row: float  # the same when the logits are gathered instead
     hidden_bytes_per_row: float  # rank 0's broadcast of the scored rows' hidden states
+    prefill_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    peak_in_flight: int = 1  # the most engine steps in flight at once (pipeline overlap)
 
 
 def _ids(n: int, seed: int, vocab: int) -> list[int]:
     return [(i * 7919 + seed * 104729) % (vocab - 10) + 5 for i in range(n)]
 
 
-def _timed_steps(eng: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, Any]:
+def _timed_steps(eng: LLMEngine, prompts: list[list[int]], params: SamplingParams
+                 ) -> tuple[float, float, Any]:
+    """(ms per step, tokens computed per second, the outputs)."""
     steps_before = eng.counters.steps
     t0 = time.perf_counter()
     outs = eng.generate(prompts, params)
-    return (time.perf_counter() - t0) * 1000 / max(1, eng.counters.steps - steps_before), outs
+    wall = time.perf_counter() - t0
+    tokens = sum(len(p) for p in prompts) + sum(len(o.new_token_ids) for o in outs)
+    return wall * 1000 / max(1, eng.counters.steps - steps_before), tokens / wall, outs
 
 
 def _head_bytes(eng: LLMEngine, rows: int, k: int) -> tuple[float, float, float]:
@@ -104,13 +115,15 @@ def _job(prompts: int, tokens: int, decode: int, eng: LLMEngine) -> Figures:
     score = SamplingParams(max_tokens=0, return_logprob=True, logprob_start_len=0)
     gen = SamplingParams(max_tokens=decode, temperature=0.0, ignore_eos=True)
     eng.generate([_ids(32, 999, vocab)], score)  # warm-up
-    prefill_ms, outs = _timed_steps(eng, [_ids(tokens, s, vocab) for s in range(prompts)], score)
-    # Decode: prompts of one block each, so nearly every step is 4 decoding rows.
-    decode_ms, _ = _timed_steps(eng, [_ids(eng.config.block_size, 50 + s, vocab) for s in range(4)], gen)
+    prefill_ms, prefill_rate, outs = _timed_steps(eng, [_ids(tokens, s, vocab) for s in range(prompts)], score)
+    # Decode: prompts of one block each, so nearly every step is 4 decoding rows (2 each with 2 steps in flight).
+    decode_ms, decode_rate, _ = _timed_steps(eng, [_ids(eng.config.block_size, 50 + s, vocab) for s in range(4)],
+                                             gen)
     softmax, gather, hidden = _head_bytes(eng, 64, 0)
     topk, _, _ = _head_bytes(eng, 64, 5)
     rows = [v for out in outs for v, _ in out.input_token_logprobs]
-    return Figures(prefill_ms, decode_ms, rows, softmax, topk, gather, hidden)
+    return Figures(prefill_ms, decode_ms, rows, softmax, topk, gather, hidden, prefill_rate, decode_rate,
+                   eng.peak_in_flight)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,24 +154,29 @@ def _compare(a: argparse.Namespace, model: str) -> None:
     print(f"model {a.model or default}; {a.prompts} scoring prompts x {a.tokens} tokens "
           f"(budget {a.budget}), 4 x {a.decode} greedy tokens; {a.threads} thread(s) per rank")
     print("| ranks | prefill ms/step | vs 1 | decode ms/step | vs 1 | max |row - N=1| | log-softmax B/row "
-          "| with top-5 B/row | logits gather B/row | hidden bcast B/row |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| with top-5 B/row | logits gather B/row | hidden bcast B/row | steps in flight | prefill tok/s "
+          "| decode tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     base: Figures | None = None
     both = (False, True)  # MoE: each split twice, experts by width, then whole experts per rank
-    runs = [(size, ep) for size in a.sizes for ep in (both if a.moe and int(size.split("x")[0]) > 1 else (False,))]
-    for size, ep in runs:
+    runs = [(size, ep, overlap) for size in a.sizes
+            for ep in (both if a.moe and int(size.split("x")[0]) > 1 else (False,))
+            for overlap in ((False, True) if "x" in size and int(size.split("x")[1]) > 1 else (True,))]
+    for size, ep, overlap in runs:
         tp, pp = (int(x) for x in size.split("x")) if "x" in size else (int(size), 1)
         n = tp * pp
         torch.set_num_threads(a.threads)
-        split = replace(config, tensor_parallel_size=tp, pipeline_parallel_size=pp, expert_parallel=ep)
+        split = replace(config, tensor_parallel_size=tp, pipeline_parallel_size=pp, expert_parallel=ep,
+                        pipeline_overlap=overlap)
         fig = job(LLMEngine(config)) if n == 1 else run_local(n, split, job, threads=a.threads)[0]
         base = base or fig
         diff = max((abs(x - y) for x, y in zip(fig.rows, base.rows, strict=True)), default=0.0)
-        print(f"| {size}{' EP' if ep else ''} | {fig.prefill_step_ms:.1f} | "
+        print(f"| {size}{' EP' if ep else ''}{'' if overlap else ' seq'} | {fig.prefill_step_ms:.1f} | "
               f"{fig.prefill_step_ms / base.prefill_step_ms:.2f} | "
               f"{fig.decode_step_ms:.1f} | {fig.decode_step_ms / base.decode_step_ms:.2f} | {diff:.1e} | "
               f"{fig.softmax_bytes_per_row:.0f} | {fig.topk_bytes_per_row:.0f} | {fig.gather_bytes_per_row:.0f} | "
-              f"{fig.hidden_bytes_per_row:.0f} |", flush=True)
+              f"{fig.hidden_bytes_per_row:.0f} | {fig.peak_in_flight} | {fig.prefill_tokens_per_s:.0f} | "
+              f"{fig.decode_tokens_per_s:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -36,13 +36,14 @@ class PauseState:
         return self.mode is not None
 
     def start(self, engine: LLMEngine, mode: PauseMode) -> tuple[int, list[RequestOutput]]:
-        """Pause in `mode`: how many requests were in the engine, and the final outputs of those aborted."""
+        """Pause in `mode`: how many requests were in the engine, and the outputs to deliver now: of the steps that
+        were in flight, then the final ones of those aborted."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"unknown pause mode {mode!r}")
         count = len(engine.seqs)
-        outs: list[RequestOutput] = []
+        outs: list[RequestOutput] = engine.drain()  # the steps in flight (pipeline overlap) finish first
         if mode == "abort":
-            outs = [out for rid in list(engine.seqs) if (out := engine.abort_request(rid)) is not None]
+            outs += [out for rid in list(engine.seqs) if (out := engine.abort_request(rid)) is not None]
         elif mode == "retract":
             engine.scheduler.retract_all()
         if not self.active:

@@ -61,6 +61,7 @@ class Scheduler:
         self.hidden_state_store = hidden_state_store
         self.set_budget(max_num_batched_tokens, long_prefill_token_threshold, max_image_patches)
         self.max_num_seqs = max_num_seqs
+        self.max_chunks = max_num_seqs  # this step's share (schedule's max_chunks)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest first: the newest is preempted first
         self.num_preemptions = 0  # since start: each one frees a request's blocks for a later recompute
@@ -83,8 +84,11 @@ class Scheduler:
     def live(self) -> list[Sequence]:
         return [*self.running, *self.waiting]
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, max_chunks: int | None = None) -> SchedulerOutput:
+        """The next step. max_chunks: the most requests it takes (with several steps in flight, each takes its share
+        so that the steps are alike); a request in a step still in flight (seq.in_flight) is skipped."""
         out = SchedulerOutput()
+        self.max_chunks = max_chunks or self.max_num_seqs
         if self.kv.states is not None:
             self.kv.states.start_step()
         if self.images is not None:
@@ -126,14 +130,15 @@ class Scheduler:
         full, the newest running request is preempted, so a request that is scheduled is never preempted later
         in the same step. Returns the token budget left."""
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and len(out.chunks) < self.max_chunks:
             seq = self.running[i]
-            n = self._fit_images(seq, self._first_share(seq, budget))
-            if n == 0:  # its next image waits for the image budget
+            n = self._fit_images(seq, self._first_share(seq, budget)) if not seq.in_flight else 0
+            if n == 0:  # its next image waits for the image budget, or its previous step is not back yet
                 i += 1
                 continue
             while not self.kv.allocate(seq, n):
-                victim = self.running[-1]
+                # The newest request not in flight (seq itself at the latest): one in flight keeps its blocks.
+                victim = next(s for s in reversed(self.running) if not s.in_flight)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
@@ -151,7 +156,8 @@ class Scheduler:
             self.adapters.start_step()
         passed: list[Sequence] = []  # skipped this step, in order: back at the head of the queue afterwards
         try:
-            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+                   and len(out.chunks) < self.max_chunks):
                 seq = self.waiting[0]
                 if not self._adapter_admits(out, seq):
                     passed.append(self.waiting.popleft())
@@ -238,7 +244,9 @@ class Scheduler:
         return max(0, limit)
 
     def retract_all(self) -> int:
-        """Every running request gives back its KV blocks and waits first, in its order (paused generation)."""
+        """Every running request gives back its KV blocks and waits first, in its order (paused generation; the
+        engine has finished every step in flight first: LLMEngine.drain)."""
+        assert not any(s.in_flight for s in self.running), "retract with a step in flight"
         seqs = list(self.running)
         for seq in reversed(seqs):
             self._preempt(seq)

@@ -41,6 +41,9 @@ class Sequence:
         # Chained hashes of the full blocks at the head of block_table (the prefix cache's keys).
         self.block_hashes: list[int] = []
         self.status = SequenceStatus.WAITING
+        # In a step launched and not yet finished (pipeline overlap, LLMEngine.step): its counters move when that
+        # step comes back, so until then it is neither scheduled again nor preempted.
+        self.in_flight = False
         self.finish_reason: FinishReason | None = None
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.scheduled_time: float | None = None

@@ -35,24 +35,37 @@ class TensorParallel:
 
     # --- rank 0's calls -----------------------------------------------------------------------------
     def start(self, num_blocks: int, state_rows: int = 0) -> None:
-        self.send(Setup(num_blocks, state_rows))
+        msg = Setup(num_blocks, state_rows)
+        self.send(msg)
+        self.pipeline.pass_on(msg)
 
     def stop(self) -> None:
-        self.send(Stop())
+        msg = Stop()
+        self.send(msg)
+        self.pipeline.pass_on(msg)
+        self.pipeline.flush()
 
     def announce_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                         lora: list[tuple[int, int, int]] | None = None) -> None:
-        """Before rank 0's own forward: the other ranks run theirs over the same tokens (their heads, their cache,
-        their share of each adapter on the same rows: lora, LoraStep's segments; a later stage, its layers on the
-        previous stage's hidden states). Rank 0 then calls finish_forward."""
+                         lora: list[tuple[int, int, int]] | None = None) -> Forward:
+        """Before rank 0's own forward: stage 0's other ranks run theirs over the same tokens (their heads, their
+        cache, their share of each adapter on the same rows: lora, LoraStep's segments). Rank 0 then hands the
+        message and its hidden states to the next stage (launch_forward) and later takes the last stage's back
+        (collect_forward)."""
         cpu = torch.device("cpu")
-        self.send(Forward(input_ids.to(cpu), positions.to(cpu), meta.slot_mapping.to(cpu), list(meta.starts),
-                          list(meta.lens), [s.to(cpu) for s in meta.context_slots], list(lora or []),
-                          list(meta.state_slots), list(meta.state_sources), [list(s) for s in meta.state_saves]))
+        msg = Forward(input_ids.to(cpu), positions.to(cpu), meta.slot_mapping.to(cpu), list(meta.starts),
+                      list(meta.lens), [s.to(cpu) for s in meta.context_slots], list(lora or []),
+                      list(meta.state_slots), list(meta.state_sources), [list(s) for s in meta.state_saves])
+        self.send(msg)
+        return msg
 
-    def finish_forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Stage 0's [T, hidden] -> the last stage's (the same tensor with one stage)."""
-        return self.pipeline.round_trip(hidden)
+    def launch_forward(self, msg: Forward, hidden: torch.Tensor) -> None:
+        """Stage 0's [T, hidden] on to the later stages (which run their layers on it), not waiting: rank 0 may
+        launch the next step at once. Nothing with one stage."""
+        self.pipeline.pass_on(msg, hidden)
+
+    def collect_forward(self, hidden: torch.Tensor, tokens: int) -> torch.Tensor:
+        """The last stage's [T, hidden] of the oldest step launched (stage 0's own `hidden` with one stage)."""
+        return hidden if self.group.stages == 1 else self.pipeline.collect(tokens)
 
     def load_adapter(self, slot: int, name: str, path: str) -> None:
         """The other ranks read the adapter at `path` and write their share of it into `slot`."""

@@ -1,6 +1,8 @@
 """World ranks 1..N-1 of a split worker: load the model, keep this rank's shard and KV cache (its stage's layers,
-its heads), then run what world rank 0 broadcasts until it says stop. No scheduler, no block tables, no store: rank 0
-decides everything. The head's phases (Score, Targets, Logits) run on stage 0's ranks only (pipeline.py)."""
+its heads), then run what world rank 0 sends until it says stop. No scheduler, no block tables, no store: rank 0
+decides everything. Stage 0's ranks take rank 0's broadcasts, the head's phases (Score, Targets, Logits) included;
+a later stage's rank takes Setup, Forward and Stop from the previous stage's rank of its index, and each stage
+passes them on (pipeline.py), so a stage simply runs whichever step reaches it next."""
 
 from __future__ import annotations
 
@@ -34,30 +36,36 @@ class Follower:
     def run(self) -> None:
         """Until rank 0 sends Stop (or the group breaks, which raises: the worker's health check sees it)."""
         while True:
-            msg = self.group.broadcast_object()
+            before = None
+            if self.pipeline.first:
+                msg = self.group.broadcast_object()
+            else:
+                msg, before = self.pipeline.receive()
             if isinstance(msg, Stop):
+                self.pipeline.pass_on(msg)
+                self.pipeline.flush()
                 return
-            self.handle(msg)
+            self.handle(msg, before)
 
-    def handle(self, msg: Setup | Forward | Adapter | Score | Targets | Logits) -> None:
+    def handle(self, msg: Setup | Forward | Adapter | Score | Targets | Logits,
+               before: torch.Tensor | None = None) -> None:
+        """before: a later stage's input, the previous stage's hidden states of a Forward."""
         hidden_size, dtype, dev = self.model.hidden_size, self.model.dtype, self.device
         if isinstance(msg, Setup):
             slots = msg.num_blocks * self.block_size
             self.kv_caches = (self.model.make_kv_caches(slots, dev, state_slots=msg.state_rows) if self.model.hybrid
                               else self.model.make_kv_caches(slots, dev))
+            self.pipeline.pass_on(msg)
         elif isinstance(msg, Forward):
             meta = AttentionMetadata(msg.slot_mapping.to(dev), msg.starts, msg.lens,
                                      [s.to(dev) for s in msg.context_slots], state_slots=msg.state_slots,
                                      state_sources=msg.state_sources, state_saves=msg.state_saves)
             meta.finalize(dev, dtype)
             self.adapters.step.set(msg.lora, dtype, dev)  # the grouped form's indices too, never a stale step's
-            before = None if self.pipeline.first else self.pipeline.receive(len(msg.input_ids))
             hidden = self.model(msg.input_ids.to(dev), msg.positions.to(dev), self.kv_caches, meta, self.backend,
                                 hidden=before)
-            self.pipeline.pass_on(hidden)
+            self.pipeline.pass_on(msg, hidden)
             self.steps += 1
-        elif not self.pipeline.first:
-            return  # the head's phases are stage 0's
         elif isinstance(msg, Adapter):
             if msg.path is None:
                 self.adapters.clear(msg.slot)

@@ -4,7 +4,10 @@ group for the step messages (pickled objects travel on CPU, whatever the device:
 With pipeline parallelism the world of `tensor_parallel_size x pipeline_parallel_size` ranks is cut into stages of
 consecutive world ranks (world rank = stage x TP + rank in the stage, vLLM's layout): each stage's ranks share one
 tensor-parallel group for their all-reduces, and activations go stage to stage by point-to-point send/recv between
-the ranks of the same index (engine/parallel/pipeline.py).
+the ranks of the same index (engine/parallel/pipeline.py). Rank 0's step messages then reach stage 0's ranks only
+(one broadcast on their gloo group); each later stage gets them from the previous stage, beside the activations,
+as non-blocking point-to-point sends on a gloo `link` group over the world, so no collective spans two stages and
+each stage works on whichever step reaches it (several steps in flight).
 
 Two timeouts: the collectives of a step wait at most `timeout_s` for the slowest rank (a layer's work apart); the
 message group waits without a practical limit, since the other ranks wait there for rank 0's next step however
@@ -14,6 +17,7 @@ Collectives go through this class so that tests and the bench can count the byte
 
 from __future__ import annotations
 
+import pickle
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -43,6 +47,25 @@ class Traffic:
     @property
     def total(self) -> int:
         return self.all_reduce + self.all_gather + self.broadcast + self.send
+
+
+@dataclass
+class Sent:
+    """Non-blocking sends in progress, with the tensors they read (kept alive until the sends are done)."""
+
+    works: list[Any]
+    tensors: list[torch.Tensor]
+
+    def done(self) -> bool:
+        """Whether every send finished (one that failed raises here: a peer died)."""
+        if not all(w.is_completed() for w in self.works):
+            return False
+        self.wait()
+        return True
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -89,7 +112,9 @@ class TPGroup:
             groups = [dist.new_group(list(range(s * self.size, (s + 1) * self.size)), backend=backend)
                       for s in range(stages)]
             self.group = groups[self.stage]
-        self.cpu_group: Any = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+        # Rank 0's step messages: stage 0's ranks (the world's with one stage); later stages get theirs by link.
+        self.cpu_group: Any = dist.new_group(list(range(self.size)), backend="gloo", timeout=IDLE_TIMEOUT)
+        self.link: Any = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT) if stages > 1 else None
         self.traffic = Traffic()
 
     def world_of(self, stage: int, rank: int) -> int:
@@ -125,13 +150,35 @@ class TPGroup:
         self.traffic.add("send", x.numel() * x.element_size())
         dist.send(x.contiguous(), dst=to)
 
+    def isend(self, x: torch.Tensor, to: int) -> Sent:
+        """x to world rank `to` without waiting for it to be taken: the returned handle keeps x alive until done."""
+        x = x.contiguous()
+        self.traffic.add("send", x.numel() * x.element_size())
+        return Sent([dist.isend(x, dst=to)], [x])
+
     def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int) -> torch.Tensor:
         x = torch.empty(shape, dtype=dtype, device=self.device)
         dist.recv(x, src=src)
         return x
 
+    def isend_object(self, obj: Any, to: int) -> Sent:
+        """A step message to world rank `to` on the link group (pickled: its length, then its bytes), not waiting."""
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.long)
+        return Sent([dist.isend(size, dst=to, group=self.link), dist.isend(data, dst=to, group=self.link)],
+                    [size, data])
+
+    def recv_object(self, src: int) -> Any:
+        """The next step message world rank `src` sent this rank on the link group (waits however long: idle)."""
+        size = torch.empty(1, dtype=torch.long)
+        dist.recv(size, src=src, group=self.link)
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.recv(data, src=src, group=self.link)
+        return pickle.loads(data.numpy().tobytes())
+
     def broadcast_object(self, obj: Any = None) -> Any:
-        """World rank 0's obj to every rank of every stage, pickled over the gloo group; other ranks pass None."""
+        """World rank 0's obj to every rank of stage 0 (of the world with one stage), pickled over the gloo group;
+        other ranks pass None."""
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self.cpu_group)
         return box[0]

@@ -1,5 +1,7 @@
-"""What rank 0 broadcasts to the other ranks, one message per collective phase of a step (pickled over the gloo
-group). Tensors here are CPU index tensors; activations travel separately, by a broadcast on the device group."""
+"""What rank 0 broadcasts to stage 0's ranks, one message per collective phase of a step (pickled over the gloo
+group). Setup, Forward and Stop also go on to the later pipeline stages, each stage's rank i passing them to the
+next's (pipeline.py); the head's messages (Score, Targets, Logits) stay on stage 0. Tensors here are CPU index
+tensors; activations travel separately, on the device group."""
 
 from __future__ import annotations
 

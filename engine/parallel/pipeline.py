@@ -1,7 +1,8 @@
 """Pipeline parallelism: the decoder layers cut into `stages` contiguous stages (pipeline_parallel_size), each a
-tensor-parallel group (group.py). A step's hidden states go stage to stage by point-to-point send/recv, rank i of
-stage s to rank i of stage s + 1 (the ranks of a stage hold the same [T, hidden] after each layer's all-reduce);
-the last stage's rank 0 sends its final hidden states back to world rank 0.
+tensor-parallel group (group.py). A step's message and hidden states go stage to stage by point-to-point send/recv,
+rank i of stage s to rank i of stage s + 1 (the ranks of a stage hold the same [T, hidden] after each layer's
+all-reduce); the last stage's rank 0 sends its final hidden states back to world rank 0. With pipeline_overlap up to
+`stages` steps are in flight at once, each on another stage (LLMEngine.step).
 
 Where the head runs: on stage 0, beside the embedding, so world rank 0 keeps everything that is single, unchanged
 in meaning: the hidden-state store (every computed position's last hidden state, by KV slot), the log-sum-exp
@@ -17,7 +18,8 @@ from torch import nn
 
 from engine.layers.linear import Linear
 from engine.models.llama import LlamaForCausalLM
-from engine.parallel.group import TPGroup
+from engine.parallel.group import Sent, TPGroup
+from engine.parallel.messages import Forward, Message
 
 
 def stage_layers(num_layers: int, stages: int) -> list[tuple[int, int]]:
@@ -73,33 +75,61 @@ def _empty_linear(weight: torch.Tensor) -> Linear:
 
 
 class Pipeline:
-    """This rank's hops of a step's hidden states. With one stage every hop is a no-op."""
+    """This rank's hops of a step's messages and hidden states. With one stage every hop is a no-op.
+
+    Every hop is a non-blocking send (the handles kept until done, `pending`), so a stage goes on to the next step as
+    soon as it has handed this one on: stage 0 runs step k + 1 while stage 1 runs step k, and world rank 0 finishes
+    step k (its head, its sampler) when step k comes back. Point-to-point messages between two ranks arrive in the
+    order they were sent, so every stage sees the steps in rank 0's order: a step's KV writes at a stage come after
+    those of every earlier step there, as with one step at a time."""
 
     def __init__(self, group: TPGroup, hidden_size: int, dtype: torch.dtype) -> None:
         self.group, self.hidden_size, self.dtype = group, hidden_size, dtype
+        self.pending: list[Sent] = []
 
     @property
     def first(self) -> bool:
         return self.group.stage == 0
 
-    def receive(self, tokens: int) -> torch.Tensor:
-        """A later stage: the previous stage's [tokens, hidden] hidden states."""
-        g = self.group
-        return g.recv((tokens, self.hidden_size), self.dtype, g.world_of(g.stage - 1, g.rank))
+    @property
+    def last(self) -> bool:
+        return self.group.stage == self.group.stages - 1
 
-    def pass_on(self, hidden: torch.Tensor) -> None:
-        """To the next stage's rank of this index; the last stage's rank 0 to world rank 0."""
+    def receive(self) -> tuple[Message, torch.Tensor | None]:
+        """A later stage: the next message from the previous stage's rank of this index, and with a Forward its
+        [tokens, hidden] hidden states."""
         g = self.group
+        src = g.world_of(g.stage - 1, g.rank)
+        msg = g.recv_object(src)
+        if not isinstance(msg, Forward):
+            return msg, None
+        return msg, g.recv((len(msg.input_ids), self.hidden_size), self.dtype, src)
+
+    def pass_on(self, msg: Message, hidden: torch.Tensor | None = None) -> None:
+        """To the next stage's rank of this index: the message, then a Forward's hidden states; the last stage's
+        rank 0 sends a Forward's final hidden states back to world rank 0. Nothing waits for the receiver."""
+        g = self.group
+        self._reap()
         if g.stages == 1:
             return
-        if g.stage < g.stages - 1:
-            g.send(hidden, g.world_of(g.stage + 1, g.rank))
-        elif g.rank == 0:
-            g.send(hidden, 0)
+        if not self.last:
+            to = g.world_of(g.stage + 1, g.rank)
+            self.pending.append(g.isend_object(msg, to))
+            if hidden is not None:
+                self.pending.append(g.isend(hidden, to))
+        elif g.rank == 0 and hidden is not None:
+            self.pending.append(g.isend(hidden, 0))
 
-    def round_trip(self, hidden: torch.Tensor) -> torch.Tensor:
-        """World rank 0, after stage 0's layers: the last stage's final hidden states of the same tokens."""
-        if self.group.stages == 1:
-            return hidden
-        self.pass_on(hidden)
-        return self.group.recv(tuple(hidden.shape), self.dtype, self.group.world_of(self.group.stages - 1, 0))
+    def collect(self, tokens: int) -> torch.Tensor:
+        """World rank 0: the last stage's final hidden states of the oldest step in flight ([tokens, hidden])."""
+        g = self.group
+        return g.recv((tokens, self.hidden_size), self.dtype, g.world_of(g.stages - 1, 0))
+
+    def flush(self) -> None:
+        """Wait for every send in progress (before this rank leaves)."""
+        for sent in self.pending:
+            sent.wait()
+        self.pending = []
+
+    def _reap(self) -> None:
+        self.pending = [s for s in self.pending if not s.done()]

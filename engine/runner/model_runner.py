@@ -1,13 +1,15 @@
 """Runs one scheduled step: lays the chunks out flat, runs the model, projects only the rows it needs.
 Knows nothing of HTTP, Ray or text.
 
-A step is four verbs: prepare (the flat batch and a plan of which rows score and which sample), run_model
-(the transformer over the new tokens), score (the scoring rows) and sample (one row per generating request
-whose context is complete)."""
+A step is five verbs in two halves. launch: prepare (the flat batch and a plan of which rows score and which sample)
+and run_stage (the transformer over the new tokens, through this rank's pipeline stage). finish: collect (the last
+stage's hidden states, into the store), score (the scoring rows) and sample (one row per generating request whose
+context is complete). With pipeline overlap the engine launches the next step before it finishes this one."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -29,6 +31,15 @@ from engine.runner.step_plan import ChunkResult, ScorePlan, StepPlan, StepPlanne
 from engine.runner.vision import VisionEncoder
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Launched:
+    """A step launched and not yet finished: its schedule, its plan, and this rank's stage output."""
+
+    sched: SchedulerOutput
+    plan: StepPlan
+    hidden: torch.Tensor | None  # [T, hidden] through stage 0 (None: no new token)
 
 
 class ModelRunner:
@@ -97,13 +108,21 @@ class ModelRunner:
         return block_size * model.kv_bytes_per_token()
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, generators: dict[str, torch.Generator]) -> list[ChunkResult]:
+    def launch(self, sched: SchedulerOutput) -> Launched:
+        """The step's first half: its plan, and the transformer through this rank's stage; with pipeline stages the
+        later stages then run it while this rank goes on (finish takes it back)."""
         plan = self.prepare(sched)
-        hidden = self.run_model(plan)  # [T + stored rows, hidden]
-        results = [ChunkResult([], []) for _ in sched.chunks]
-        self.score(hidden, plan.scores, results)
-        self.sample(hidden, plan.sample_rows, sched, results, generators)
-        self.pool(hidden, plan.pool_rows, results)
+        return Launched(sched, plan, self.run_stage(plan))
+
+    @torch.inference_mode()
+    def finish(self, step: Launched, generators: dict[str, torch.Generator]) -> list[ChunkResult]:
+        """The step's second half, in launch order: the last stage's hidden states (into the store), then the scoring,
+        sampling and pooled rows."""
+        hidden = self.collect(step.plan, step.hidden)  # [T + stored rows, hidden]
+        results = [ChunkResult([], []) for _ in step.sched.chunks]
+        self.score(hidden, step.plan.scores, results)
+        self.sample(hidden, step.plan.sample_rows, step.sched, results, generators)
+        self.pool(hidden, step.plan.pool_rows, results)
         return results
 
     def prepare(self, sched: SchedulerOutput) -> StepPlan:
@@ -111,13 +130,15 @@ class ModelRunner:
         return self.planner.prepare(sched)
 
     # --- forward ----------------------------------------------------------------------------------
-    def run_model(self, plan: StepPlan) -> torch.Tensor:
-        """The last layer's hidden states of the new tokens, then those the scoring rows read from the store:
-        [T + stored rows, hidden]. Keeps the new ones in the store for later scoring rows."""
+    def run_stage(self, plan: StepPlan) -> torch.Tensor | None:
+        """This rank's layers over the step's new tokens ([T, hidden]; None when the step has none), handed on to
+        the next pipeline stage when there is one."""
+        hidden = None
         if plan.input_ids is not None:
             assert plan.positions is not None
+            msg = None
             if self.parallel is not None:
-                self.parallel.announce_forward(plan.input_ids, plan.positions, plan.meta, plan.lora_rows)
+                msg = self.parallel.announce_forward(plan.input_ids, plan.positions, plan.meta, plan.lora_rows)
             self.forwards += 1
             if self.lora is not None:
                 self.lora.set_step(plan.lora_rows)
@@ -129,8 +150,18 @@ class ModelRunner:
                                     vision=self.vision.rows(plan.image_chunks))
             else:
                 hidden = self.model(plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.backend)
-            if self.parallel is not None:  # pipeline stages: through the later ones, back to this rank
-                hidden = self.parallel.finish_forward(hidden)
+            if self.parallel is not None and msg is not None:  # pipeline stages: on to the next one
+                self.parallel.launch_forward(msg, hidden)
+        return hidden
+
+    def collect(self, plan: StepPlan, hidden: torch.Tensor | None) -> torch.Tensor:
+        """The last layer's hidden states of the new tokens, then those the scoring rows read from the store:
+        [T + stored rows, hidden]: the last stage's (rank 0's own run_stage output with one stage), kept in the store
+        for later scoring rows. Steps are collected in launch order, so a stored row a step reads was written by
+        every earlier step first."""
+        if hidden is not None:
+            if self.parallel is not None:
+                hidden = self.parallel.collect_forward(hidden, hidden.shape[0])
             if self.hidden_store is not None:
                 self.hidden_store.index_copy_(0, plan.meta.slot_mapping, hidden)
                 self.scorer.forget(plan.meta.slot_mapping)

@@ -3,10 +3,13 @@ group (tests/helpers/tp.py). Every row equals transformers' float32 forward and 
 1e-4: chunked prefill, scoring with top-k, greedy and seeded sampling in one batch, prefix-cache hits through rank
 0's hidden-state store, at PP 2 (one rank per stage) and TP 2 x PP 2 (dense Llama), and Qwen3-MoE and DeepSeek-V3
 at TP 2 x PP 2 with an uneven cut (3 layers: 1 + 2). Qwen3.5-MoE (a hybrid) and gpt-oss at TP 2 x PP 2:
-tests/engine/test_parallel_families.py and test_tensor_parallel_moe.py."""
+tests/engine/test_parallel_families.py and test_tensor_parallel_moe.py. Every case runs with pipeline_overlap (the
+default): two steps in flight with disjoint requests, checked by rank 0's own count of steps in flight; preemption,
+chunked prefill, prefix hits across steps in flight and a request aborted in flight keep every other row exact."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +18,10 @@ import torch
 
 from engine.config import EngineConfig
 from engine.loading.loader import load_model
+from engine.parallel.local import run_local
 from engine.parallel.pipeline import cut_stage, stage_layers
 from engine.runner.lora import LoraManager
+from protocol.outputs import RequestOutput, merge_outputs
 from protocol.sampling import SamplingParams
 from tests.engine.test_tensor_parallel import ATOL, CFG, _check_scoring
 from tests.helpers.engine import greedy, make_engine, rand_ids, scoring
@@ -61,6 +66,7 @@ def _check(path: Path, size: int, stages: int) -> None:
     assert warm_a.cached_tokens > 0 and s_shared.cached_tokens >= 24
     assert split.stats.prefix_cache_hit_tokens > 0 and split.stats.hidden_store_rows > 0
     assert split.follower_steps == [split.forwards] * (size - 1) and split.forwards > 0
+    assert split.peak_in_flight == 2  # the 4 requests of the first batch went as two steps in flight at once
 
 
 @pytest.mark.parametrize(("size", "stages"), [(2, 2), (4, 2)])
@@ -78,6 +84,76 @@ def test_moe_stages_equal_transformers(tmp_path: Path, family: str) -> None:
     vector per token and layer) of its stage's layers."""
     path = family_path(family) if family != "dsv3" else build_deepseek_v3(tmp_path / "dsv3", "dsv3")
     _check(path, 4, 2)
+
+
+def _crowd() -> tuple[list[list[int]], list[SamplingParams]]:
+    """Six requests at once for a cache of 16 blocks of 4 (they want ~27): preemptions while steps are in flight;
+    prompts longer than a request's 4-token first share of the 16-token step: chunked prefill; two scoring prompts
+    sharing 4 blocks: the second matches blocks the first registered in the step in flight before its own."""
+    shared = rand_ids(16, 11)
+    prompts = [rand_ids(13, 20), rand_ids(7, 21), shared + rand_ids(5, 22), shared + rand_ids(9, 23),
+               rand_ids(11, 24), rand_ids(5, 25)]
+    return prompts, [greedy(10, k=2), greedy(12), scoring(0, k=2), scoring(3), greedy(8), scoring(1)]
+
+
+def _abort_in_flight(prompts: list[list[int]], eng: Any) -> tuple[str, dict[str, list[RequestOutput]]]:
+    """Rank 0: four greedy requests; after the first step() one step is still in flight: abort a request in it, and
+    send a scoring request under the same id at once. Every stream, the engine's integrity checked each step."""
+    streams: dict[str, list[RequestOutput]] = {}
+    for i, ids in enumerate(prompts):
+        eng.add_request(f"r{i}", ids, greedy(6))
+        streams[f"r{i}"] = []
+    for out in eng.step():
+        streams[out.request_id].append(out)
+    rid = next(s.request_id for s in eng.seqs.values() if s.in_flight)
+    final = eng.abort_request(rid)
+    assert final is not None and final.finished
+    eng.add_request(rid, prompts[0], scoring(0))
+    streams[rid] = []
+    while eng.has_unfinished():
+        for out in eng.step():
+            streams[out.request_id].append(out)
+        eng.check_integrity()
+    return rid, streams
+
+
+def _crowd_then_abort(crowd: tuple[list[list[int]], list[SamplingParams]], prompts: list[list[int]], eng: Any
+                      ) -> tuple[list[RequestOutput], Any, int, str, dict[str, list[RequestOutput]]]:
+    outs = eng.generate(*crowd, check=True)
+    stats, peak = eng.stats(), eng.peak_in_flight
+    return (outs, stats, peak, *_abort_in_flight(prompts, eng))
+
+
+def test_overlap_stays_exact_under_preemption_chunking_prefix_hits_and_an_abort(tiny_models) -> None:
+    """PP 2 with two steps in flight (one engine, to spawn its ranks once). The crowd: greedy tokens and every row
+    equal transformers and one device, while the scheduler preempted only requests not in flight and a prefix hit
+    was served from a step in flight. Then a request aborted in flight: its step comes back after its blocks were
+    freed, its rows are dropped; the id's new request (its generator and output state new) and the others are
+    exact."""
+    path = tiny_models["llama"]
+    crowd, prompts = _crowd(), [rand_ids(9, 30 + i) for i in range(4)]
+    cfg = dict(CFG, num_kv_blocks=16)
+    split = EngineConfig(model=str(path), pipeline_parallel_size=2, **cfg)
+    (outs, stats, peak, rid, streams), _ = run_local(2, split, partial(_crowd_then_abort, crowd, prompts),
+                                                     timeout_s=240)
+    one = make_engine(path, **cfg)
+    for ids, params, out, alone in zip(*crowd, outs, one.generate(*crowd), strict=True):
+        if params.max_tokens:
+            _check_greedy(path, ids, out, alone)
+        else:
+            _check_scoring(path, ids, params.logprob_start_len, params.top_logprobs_num, out, alone)
+    assert peak == 2
+    # req 3 matched the first block of req 2, whose first chunk went in the step still in flight when req 3's
+    # step was scheduled (each step takes 3 of the 6).
+    assert stats.preemptions > 0 and stats.prefix_cache_hit_tokens >= 4
+    alone = one.generate(prompts, greedy(6))
+    for i, ids in enumerate(prompts):
+        out = merge_outputs(streams[f"r{i}"])
+        assert out.finished
+        if f"r{i}" == rid:  # the new request under the aborted one's id
+            _check_scoring(path, prompts[0], 0, 0, out, one.generate([prompts[0]], scoring(0))[0])
+        else:
+            _check_greedy(path, ids, out, alone[i])
 
 
 def test_stage_cut() -> None:

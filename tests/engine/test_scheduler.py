@@ -55,6 +55,30 @@ def test_scheduler_preempts_newest_when_out_of_blocks() -> None:
     kv.check_integrity(sched.live())
 
 
+def test_a_request_in_flight_is_neither_scheduled_nor_preempted() -> None:
+    """Pipeline overlap's rules: a step takes at most its share (max_chunks) and skips requests whose step is in
+    flight; out of blocks, the newest request not in flight is preempted, the scheduling one itself at the latest."""
+    kv = KVCacheManager(num_blocks=5, block_size=4, enable_prefix_cache=False)  # 20 tokens
+    sched = Scheduler(kv, max_num_batched_tokens=100, max_num_seqs=8)
+    a, b, c = _seq("a", 4), _seq("b", 4), _seq("c", 8)
+    for s in (a, b, c):
+        sched.add(s)
+    first = sched.schedule(max_chunks=2)
+    assert [ch.seq for ch in first.chunks] == [a, b] and list(sched.waiting) == [c]
+    a.in_flight = b.in_flight = True
+    second = sched.schedule(max_chunks=2)
+    assert [ch.seq for ch in second.chunks] == [c]  # a and b are in the step in flight
+    for s in (a, b, c):  # every step back: each prefilled and generated a token, each needs one more block
+        s.in_flight = False
+        s.num_computed_tokens = s.num_tokens
+        s.token_ids.append(5)
+    c.in_flight = True  # c's next step is in flight: the newest running request, yet never a victim
+    out = sched.schedule()
+    assert out.preempted == [b] and [ch.seq for ch in out.chunks] == [a]
+    assert c.block_table and c.num_computed_tokens == 8 and sched.waiting[0] is b
+    kv.check_integrity(sched.live())
+
+
 def _scoring_seq(rid: str, n: int) -> Sequence:
     return Sequence(rid, list(range(2, 2 + n)), SamplingParams(max_tokens=0, return_logprob=True))
 
