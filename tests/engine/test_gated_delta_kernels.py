@@ -13,10 +13,10 @@ and float16 inputs (g and the state float32, as the layer passes them). Which br
 
 The interpreter's gap: compiled Triton makes a `for i in range(n)` loop's variable an int32 tensor; the
 interpreter leaves it a Python int (it rewrites assignments into tensors, not loop targets), so fla's
-`i_t.to(tl.int64)` (common/chunk_delta_h.py, the chunked path's state pass) fails there with "'int' object has no
-attribute 'to'". In the interpreter the test gives the rewriter one more rule, the compiler's: the variable of a
-`range` / `tl.range` loop is a tensor in the loop body (`tl.static_range`'s stays a Python int, a constexpr as
-compiled).
+`i_t.to(tl.int64)` (module fla.ops.common.chunk_delta_h, the chunked path's state pass) fails there with
+"'int' object has no attribute 'to'". In the interpreter the test gives the rewriter one more rule, the
+compiler's: the variable of a `range` / `tl.range` loop is a tensor in the loop body (`tl.static_range`'s stays a
+Python int, a constexpr as compiled).
 
 Autotune: most of fla's chunked kernels are under triton.autotune (fla's CachedAutotuner), which times every config
 on the device before the first launch. The interpreter has no device to time on: Triton's benchmarker is the
