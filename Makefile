@@ -8,7 +8,7 @@ CONFIG ?= configs/local.yaml
 # Ray's Prometheus endpoint on this machine: http://127.0.0.1:$(METRICS_PORT)/metrics (docs/operating.md).
 METRICS_PORT ?= 8080
 
-.PHONY: setup serve score test test-fast lint docs bench peer-vllm peer-vllm-install clean
+.PHONY: setup serve score test test-fast lint docs bench device-deps peer-vllm peer-vllm-install clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -63,6 +63,14 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench run
+
+# What a lent GPU's image lacks of ours, pure Python: fla-core and einops (Qwen3.5's kernels on CUDA), at the
+# versions .venv holds, into $(DEVICE_DEPS); bench/device/run.sh puts that folder first on PYTHONPATH when the
+# device call carries it.
+DEVICE_DEPS ?= .device-deps
+device-deps: $(STAMP)
+	rm -rf $(DEVICE_DEPS)
+	$(BIN)/pip install -q --no-deps --target $(DEVICE_DEPS) $$($(BIN)/pip freeze | grep -E '^(fla-core|einops)==')
 
 # The peer check against vLLM itself (docs/vllm.md), outside `make test`: vLLM's CPU build is large and lives in a venv
 # of its own, never in .venv.

@@ -26,6 +26,9 @@ Sections, each in its own try (a failing one prints its traceback and the others
   moe        only with --section moe (the default run fills its 540 s): one MoE layer's experts by the loop and
              by the grouped Triton kernel (bench/device/moe.py) at Qwen3-30B-A3B's and Qwen3-235B-A22B's layer
              shapes: bf16 ms at 16 and 2048 tokens, f32 max difference
+  hybrid     only with --section hybrid: a Qwen3.5-shaped model (4 layers, the hub's linear-attention widths):
+             float32 rows and greedy against transformers (one step, warm from state snapshots, chunked, varlen),
+             bfloat16 prefill and decode tok/s on fla-core's kernels where fla imports (bench/device/hybrid.py)
 Each section needs some seconds left to start (bf16 keeps 8 of the 32 layers when under 150 are left); once the
 run passes --budget-s (540, PLAN's total with room: under a device call's 600 s) the sections left are skipped with
 a note. On CUDA each section first checks that the GPU memory PLAN gives it is available (free plus what this run
@@ -75,9 +78,9 @@ class Run:
 PLAN: dict[str, tuple[float, float]] = {
     "env": (5, 0.1), "exact": (45, 4), "bf16": (90, 42), "ragged": (120, 70), "prefill": (20, 56),
     "mc": (25, 70), "generate": (90, 62), "invariant": (60, 4), "mla": (50, 8), "gpt_oss": (15, 4),
-    "moe": (15, 12)}
+    "moe": (15, 12), "hybrid": (60, 10)}
 # Run only when --section names them: the default run's sections fill the 540 s of one device call.
-OPT_IN = frozenset({"moe"})
+OPT_IN = frozenset({"moe", "hybrid"})
 STARTUP_S = 20  # python and torch imports, CUDA context, the matmul peak measurement
 
 
@@ -212,6 +215,7 @@ def sections() -> dict[str, tuple[float | None, Callable[[Run], dict[str, Any]]]
     from bench.device.bf16 import bf16_section
     from bench.device.exact import exact_section
     from bench.device.gpt_oss import gpt_oss_section
+    from bench.device.hybrid import hybrid_section
     from bench.device.mla import mla_section
     from bench.device.moe import moe_section
 
@@ -219,7 +223,7 @@ def sections() -> dict[str, tuple[float | None, Callable[[Run], dict[str, Any]]]
             "ragged": (60, w.ragged_section), "prefill": (20, w.prefill_section), "mc": (30, w.mc_section),
             "generate": (45, w.generate_section), "invariant": (30, invariant_section), "mla": (40, mla_section),
             "gpt_oss": (15, gpt_oss_section),
-            "moe": (20, moe_section)}
+            "moe": (20, moe_section), "hybrid": (40, hybrid_section)}
 
 
 def main(argv: list[str] | None = None) -> None:

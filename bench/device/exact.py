@@ -3,11 +3,13 @@ forward (and generate) on the same device, TF32 off. Random weights, built here 
 
 Scoring rows (logprob_start_len 0, top-5) of prompts of several lengths, served three ways: all in one step,
 chunked prefill under a small step budget, and a warm repeat whose blocks (and hidden states) come from the
-prefix cache. Greedy generation of 32 tokens against transformers' generate."""
+prefix cache. Greedy generation of 32 tokens against transformers' generate. float32_cases is that loop, which the
+model sections (gpt_oss, mla, hybrid) run on their own checkpoints too."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,11 +140,45 @@ def greedy_case(engine: Any, hf: Any, prompts: list[list[int]], device: torch.de
     return {"equal": equal, "prompts": len(prompts), "differences": first_diff}
 
 
-def family_case(family: str, shape: dict[str, Any], run: Any) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
-
+def float32_cases(run: Any, folder: Path, hf: Any, prompts: list[list[int]], lps: list[torch.Tensor], *,
+                  budget: int, greedy_prompts: list[list[int]], engine_args: dict[str, Any] | None = None,
+                  hf_device: torch.device | None = None,
+                  inspect: Callable[[Any, list[list[int]], list[torch.Tensor]], dict[str, Any]] | None = None
+                  ) -> dict[str, Any]:
+    """The float32 checks every model section runs, on three engines of the checkpoint in folder: the default one
+    (engine_args: e.g. attention_backend torch) in one step, warm from the prefix cache, greedy against hf's generate
+    on hf_device (default the run's); the same chunked under `budget` tokens a step, no prefix cache; the varlen
+    backend (one attention call per layer per step; in float32 its reference kernel or our Triton kernel, the flash
+    one takes bfloat16 only) chunked, warm, greedy. inspect(engine, prompts, lps) adds the section's own figures
+    from the default engine."""
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
+
+    common = dict(model=str(folder), device=str(run.device), dtype="float32", num_kv_blocks=512, **(engine_args or {}))
+    res: dict[str, Any] = {}
+    eng = LLMEngine(EngineConfig(**common))  # type: ignore[arg-type]
+    res["one_step"] = score_case(eng, prompts, lps)
+    res["warm_repeat"] = score_case(eng, prompts, lps)  # the same engine: blocks from the prefix cache
+    res["greedy"] = greedy_case(eng, hf, greedy_prompts, hf_device or run.device)
+    if inspect is not None:
+        res.update(inspect(eng, prompts, lps))
+    del eng
+    chunked = LLMEngine(EngineConfig(**common, max_num_batched_tokens=budget,  # type: ignore[arg-type]
+                                     enable_prefix_cache=False))
+    res["chunked"] = score_case(chunked, prompts, lps)
+    res["chunked"]["max_num_batched_tokens"] = budget
+    del chunked
+    var = LLMEngine(EngineConfig(**{**common, "attention_backend": "varlen"},  # type: ignore[arg-type]
+                                 max_num_batched_tokens=budget))
+    res["varlen"] = score_case(var, prompts, lps)
+    res["varlen_warm"] = score_case(var, prompts, lps)
+    res["varlen_greedy"] = greedy_case(var, hf, greedy_prompts, hf_device or run.device)
+    res["varlen"]["kernel"] = getattr(var.runner.backend, "kernel", var.runner.backend).__name__
+    return res
+
+
+def family_case(family: str, shape: dict[str, Any], run: Any) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
 
     folder = build(family, shape, run.tmp / f"exact-{family}")
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(run.device).eval()
@@ -151,27 +187,10 @@ def family_case(family: str, shape: dict[str, Any], run: Any) -> dict[str, Any]:
     prompts = [[rng.randrange(2, shape["vocab_size"]) for _ in range(n)] for n in lengths]
     prompts.append(prompts[-1][:lengths[-1] // 2] + prompts[1])  # shares a prefix with the longest one
     lps = [reference(hf, ids, run.device) for ids in prompts]
-    device, budget = str(run.device), 16 if run.smoke else 48
     res: dict[str, Any] = {"layers": shape["num_hidden_layers"], "vocab": shape["vocab_size"]}
-    one = LLMEngine(EngineConfig(model=str(folder), device=device, dtype="float32", num_kv_blocks=512))
-    res["one_step"] = score_case(one, prompts, lps)
-    res["warm_repeat"] = score_case(one, prompts, lps)  # the same engine: blocks from the prefix cache
-    res["greedy"] = greedy_case(one, hf, prompts[:3], run.device)
-    res["teacher"] = teacher_case(one, prompts, lps)
-    del one
-    chunked = LLMEngine(EngineConfig(model=str(folder), device=device, dtype="float32", num_kv_blocks=512,
-                                     max_num_batched_tokens=budget, enable_prefix_cache=False))
-    res["chunked"] = score_case(chunked, prompts, lps)
-    res["chunked"]["max_num_batched_tokens"] = budget
-    del chunked
-    # The varlen backend (one attention call per layer per step; in float32 its reference kernel, the flash one
-    # takes bfloat16 only), chunked, then warm from the prefix cache, then greedy (batched decode).
-    var = LLMEngine(EngineConfig(model=str(folder), device=device, dtype="float32", num_kv_blocks=512,
-                                 max_num_batched_tokens=budget, attention_backend="varlen"))
-    res["varlen"] = score_case(var, prompts, lps)
-    res["varlen_warm"] = score_case(var, prompts, lps)
-    res["varlen_greedy"] = greedy_case(var, hf, prompts[:3], run.device)
-    res["varlen"]["kernel"] = getattr(var.runner.backend, "kernel", var.runner.backend).__name__
+    res.update(float32_cases(run, folder, hf, prompts, lps, budget=16 if run.smoke else 48,
+                             greedy_prompts=prompts[:3],
+                             inspect=lambda eng, ps, ls: {"teacher": teacher_case(eng, ps, ls)}))
     return res
 
 
@@ -190,12 +209,13 @@ def exact_section(run: Any) -> dict[str, Any]:
     return out
 
 
-def summary_line(r: dict[str, Any]) -> str:
-    if "error" in r:
-        return f"FAILED {r['error']}"
-    cases = ("one_step", "warm_repeat", "chunked", "varlen", "varlen_warm")
-    worst = max([max(r[c]["max_abs_diff"], r[c]["top_max_abs_diff"]) for c in cases] + [r["teacher"]["max_abs_diff"]])
-    moved = sum(r[c]["top_sets_moved"] for c in cases)
+CASES = ("one_step", "warm_repeat", "chunked", "varlen", "varlen_warm")
+
+
+def float32_line(r: dict[str, Any]) -> str:
+    """One line of float32_cases' results: PASS when every row and top-k value is within TOLERANCE and greedy equal."""
+    worst = max(max(r[c]["max_abs_diff"], r[c]["top_max_abs_diff"]) for c in CASES)
+    moved = sum(r[c]["top_sets_moved"] for c in CASES)
     greedy_ok = all(r[g]["equal"] == r[g]["prompts"] for g in ("greedy", "varlen_greedy"))
     ok = "PASS" if worst <= TOLERANCE and greedy_ok else "FAIL"
     return (f"{ok}: max |diff| {worst:.1e} (one step {r['one_step']['max_abs_diff']:.1e}, warm "
@@ -203,9 +223,16 @@ def summary_line(r: dict[str, Any]) -> str:
             f"chunked {r['chunked']['max_abs_diff']:.1e}, varlen ({r['varlen']['kernel']}) "
             f"{max(r['varlen']['max_abs_diff'], r['varlen_warm']['max_abs_diff']):.1e}), top-{TOP_K} sets moved "
             f"{moved}, greedy {r['greedy']['equal']}/{r['greedy']['prompts']} equal (varlen "
-            f"{r['varlen_greedy']['equal']}/{r['varlen_greedy']['prompts']}); T={TEACHER_T} teacher rows + "
-            f"top-{TOP_K} + ids "
-            f"{r['teacher']['max_abs_diff']:.1e}")
+            f"{r['varlen_greedy']['equal']}/{r['varlen_greedy']['prompts']})")
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"FAILED {r['error']}"
+    line = float32_line(r)
+    if r["teacher"]["max_abs_diff"] > TOLERANCE:
+        line = line.replace("PASS", "FAIL", 1)
+    return f"{line}; T={TEACHER_T} teacher rows + top-{TOP_K} + ids {r['teacher']['max_abs_diff']:.1e}"
 
 
 def summary(res: dict[str, Any]) -> list[tuple[str, str]]:

@@ -3,10 +3,11 @@ on the device, against transformers' float32 eager forward (its only attention f
 
 A gpt-oss-20b-shaped layer (hidden 2880 would not change what is checked; the shape keeps the head layout: 64-dim
 heads, GQA 8, windows of 128, YaRN factor 32 over 4096) at 4 layers and a small vocabulary, random weights. Prompts
-run past several windows. Cases, all float32 (TF32 off): the torch paged path in one step, chunked, warm from the
-prefix cache, greedy; the varlen backend (float32: the flash kernel has no sinks, so our Triton kernel in IEEE mode
-serves it on CUDA; the reference kernel on CPU), chunked and greedy. Then bfloat16: the Triton kernel against the
-torch path on the same bf16 weights (close, not exact), the kernel choice and why flash did not serve."""
+run past several windows. Cases, all float32 (TF32 off; bench/device/exact.py's float32_cases): the torch paged
+path in one step, chunked, warm from the prefix cache, greedy; the varlen backend (float32: the flash kernel has no
+sinks, so our Triton kernel in IEEE mode serves it on CUDA; the reference kernel on CPU), chunked, warm and greedy.
+Then bfloat16: the Triton kernel against the torch path on the same bf16 weights (close, not exact), the kernel
+choice and why flash did not serve."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from bench.device.exact import TOLERANCE, greedy_case, reference, score_case
+from bench.device.exact import float32_cases, float32_line, reference
 
 SHAPE: dict[str, Any] = dict(vocab_size=4096, hidden_size=512, intermediate_size=512, num_hidden_layers=4,
                              num_attention_heads=16, num_key_value_heads=2, head_dim=64, num_local_experts=8,
@@ -51,9 +52,6 @@ def build(shape: dict[str, Any], folder: Path) -> Path:
 def gpt_oss_section(run: Any) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-
     shape = SMOKE if run.smoke else SHAPE
     folder = build(shape, run.tmp / "gpt-oss")
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(run.device).eval()
@@ -61,26 +59,13 @@ def gpt_oss_section(run: Any) -> dict[str, Any]:
     lengths = [5, 12, 30] if run.smoke else [5, 150, 400]
     prompts = [[rng.randrange(2, shape["vocab_size"]) for _ in range(n)] for n in lengths]
     lps = [reference(hf, ids, run.device) for ids in prompts]
-    device, budget = str(run.device), 16 if run.smoke else 96
     res: dict[str, Any] = {"layers": shape["num_hidden_layers"], "window": shape["sliding_window"]}
-    common = dict(model=str(folder), device=device, num_kv_blocks=512)
-    eng = LLMEngine(EngineConfig(**common, dtype="float32", attention_backend="torch"))  # type: ignore[arg-type]
-    res["one_step"] = score_case(eng, prompts, lps)
-    res["warm_repeat"] = score_case(eng, prompts, lps)
-    greedy_prompts = prompts[1:2] if run.smoke else prompts[:2]  # the CPU smoke keeps to seconds
-    res["greedy"] = greedy_case(eng, hf, greedy_prompts, run.device)
-    del eng
-    eng = LLMEngine(EngineConfig(**common, dtype="float32", attention_backend="torch",  # type: ignore[arg-type]
-                                 max_num_batched_tokens=budget, enable_prefix_cache=False))
-    res["chunked"] = score_case(eng, prompts, lps)
-    del eng
-    var = LLMEngine(EngineConfig(**common, dtype="float32", attention_backend="varlen",  # type: ignore[arg-type]
-                                 max_num_batched_tokens=budget))
-    res["varlen"] = score_case(var, prompts, lps)
-    res["varlen"]["kernel"] = getattr(var.runner.backend, "kernel", var.runner.backend).__name__
-    res["varlen_greedy"] = greedy_case(var, hf, greedy_prompts, run.device)
-    del var, hf
-    res["bf16"] = bf16_case(common, prompts)
+    # The CPU smoke decodes one prompt (seconds); the torch path named, so the varlen engine is the other one.
+    res.update(float32_cases(run, folder, hf, prompts, lps, budget=16 if run.smoke else 96,
+                             greedy_prompts=prompts[1:2] if run.smoke else prompts[:2],
+                             engine_args={"attention_backend": "torch"}))
+    del hf
+    res["bf16"] = bf16_case(dict(model=str(folder), device=str(run.device), num_kv_blocks=512), prompts)
     return res
 
 
@@ -106,15 +91,7 @@ def bf16_case(common: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any
 
 
 def summary(res: dict[str, Any]) -> list[tuple[str, str]]:
-    cases = ("one_step", "warm_repeat", "chunked", "varlen")
-    worst = max(max(res[c]["max_abs_diff"], res[c]["top_max_abs_diff"]) for c in cases)
-    greedy_ok = all(res[g]["equal"] == res[g]["prompts"] for g in ("greedy", "varlen_greedy"))
-    ok = "PASS" if worst <= TOLERANCE and greedy_ok else "FAIL"
     b = res["bf16"]
-    return [(f"float32 ({res['layers']} layers, window {res['window']})",
-             f"{ok}: max |diff| {worst:.1e} (varlen on {res['varlen']['kernel']} "
-             f"{res['varlen']['max_abs_diff']:.1e}, warm {res['warm_repeat']['cached_tokens']} cached tokens), greedy "
-             f"{res['greedy']['equal']}/{res['greedy']['prompts']} (varlen {res['varlen_greedy']['equal']}/"
-             f"{res['varlen_greedy']['prompts']})"),
+    return [(f"float32 ({res['layers']} layers, window {res['window']})", float32_line(res)),
             ("bfloat16 auto vs torch path", f"{b['backend']} {b['kernel']}: max |diff| {b['max_abs_diff_vs_torch']:.2e}"
              f", greedy {b['greedy_equal']}/{b['prompts']} equal")]

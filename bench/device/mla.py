@@ -1,10 +1,10 @@
 """cuda_check's MLA section: a DeepSeek-V3-shaped model (Multi-head Latent Attention with V3's head widths:
 kv_lora_rank 512, qk_rope 64, qk_nope 128, v 128, q_lora_rank 1536, YaRN with mscale; group-limited routed experts
 and a shared one; 4 layers, the first dense), random weights. float32 on the device against a plain transformers
-forward / generate: scoring rows (top-5) in one step, warm from the prefix cache, chunked, and on the varlen backend
-(the Triton kernel where it serves the 576-wide latent, else the reference); 16-token greedy. Then bfloat16
-scoring throughput on the backend attention_backend=auto picks, and the latent cache's bytes per token against
-the MHA cache of the same heads."""
+forward / generate (bench/device/exact.py's float32_cases): scoring rows (top-5) in one step, warm from the prefix
+cache, chunked, and on the varlen backend (the Triton kernel where it serves the 576-wide latent, else the
+reference) chunked and warm; greedy. Then bfloat16 scoring throughput on the backend attention_backend=auto
+picks, and the latent cache's bytes per token against the MHA cache of the same heads."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from bench.device.exact import TOLERANCE, TOP_K, WEIGHT_STD, greedy_case, reference, score_case
+from bench.device.exact import WEIGHT_STD, float32_cases, float32_line, reference
 
 V3_ATTENTION: dict[str, Any] = dict(
     hidden_size=2048, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=1536,
@@ -52,6 +52,15 @@ def build(shape: dict[str, Any], folder: Path) -> Path:
     return folder
 
 
+def _latent_bytes(eng: Any, prompts: list[list[int]], lps: list[torch.Tensor]) -> dict[str, Any]:
+    """The latent cache's bytes per token against the MHA cache of the same heads, both in bfloat16."""
+    model = eng.runner.model
+    cfg = model.config
+    mha = model.num_layers * cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
+    return {"latent_bytes_per_token_bf16": model.kv_bytes_per_token() // model.dtype.itemsize * 2,
+            "mha_bytes_per_token_bf16": mha * 2}
+
+
 def mla_section(run: Any) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
@@ -68,24 +77,10 @@ def mla_section(run: Any) -> dict[str, Any]:
     prompts = [[rng.randrange(2, vocab) for _ in range(n)] for n in lengths]
     prompts.append(prompts[-1][:lengths[-1] // 2] + prompts[1])  # shares a prefix with the longest one
     lps = [reference(hf, ids, run.device) for ids in prompts]
-    device, budget = str(run.device), 16 if run.smoke else 48
-    res: dict[str, Any] = {}
-    eng = LLMEngine(EngineConfig(model=str(folder), device=device, dtype="float32", num_kv_blocks=512))
-    res["one_step"] = score_case(eng, prompts, lps)
-    res["warm_repeat"] = score_case(eng, prompts, lps)
-    res["greedy"] = greedy_case(eng, hf, prompts[:3], run.device)
-    model = eng.runner.model
-    cfg = model.config
-    mha = model.num_layers * cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
-    res["latent_bytes_per_token_bf16"] = model.kv_bytes_per_token() // model.dtype.itemsize * 2
-    res["mha_bytes_per_token_bf16"] = mha * 2
-    del eng
-    var = LLMEngine(EngineConfig(model=str(folder), device=device, dtype="float32", num_kv_blocks=512,
-                                 max_num_batched_tokens=budget, attention_backend="varlen"))
-    res["varlen_chunked"] = score_case(var, prompts, lps)
-    res["varlen_chunked"]["kernel"] = getattr(var.runner.backend, "kernel", var.runner.backend).__name__
-    res["varlen_greedy"] = greedy_case(var, hf, prompts[:3], run.device)
-    del var, hf
+    device = str(run.device)
+    res = float32_cases(run, folder, hf, prompts, lps, budget=16 if run.smoke else 48, greedy_prompts=prompts[:3],
+                        inspect=_latent_bytes)
+    del hf
     n, length = (2, 32) if run.smoke else (16, 512)
     batch = [[rng.randrange(2, vocab) for _ in range(length)] for _ in range(n)]
     bf = LLMEngine(EngineConfig(model=str(folder), device=device, dtype="bfloat16", num_kv_blocks=2048,
@@ -106,15 +101,7 @@ def mla_section(run: Any) -> dict[str, Any]:
 
 
 def summary(r: dict[str, Any]) -> list[tuple[str, str]]:
-    cases = ("one_step", "warm_repeat", "varlen_chunked")
-    worst = max(max(r[c]["max_abs_diff"], r[c]["top_max_abs_diff"]) for c in cases)
-    greedy_ok = all(r[g]["equal"] == r[g]["prompts"] for g in ("greedy", "varlen_greedy"))
-    ok = "PASS" if worst <= TOLERANCE and greedy_ok else "FAIL"
-    return [("float32 DeepSeek-V3-shaped MLA",
-             f"{ok}: max |diff| {worst:.1e} (warm {r['warm_repeat']['cached_tokens']} cached tokens, varlen "
-             f"({r['varlen_chunked']['kernel']}) {r['varlen_chunked']['max_abs_diff']:.1e}), top-{TOP_K} sets moved "
-             f"{sum(r[c]['top_sets_moved'] for c in cases)}, greedy {r['greedy']['equal']}/{r['greedy']['prompts']} "
-             f"(varlen {r['varlen_greedy']['equal']}/{r['varlen_greedy']['prompts']})"),
+    return [("float32 DeepSeek-V3-shaped MLA", float32_line(r)),
             ("bf16 scoring", f"{r['bf16_score_tok_s']:.0f} tok/s on {r['bf16_backend']}"),
             ("latent cache", f"{r['latent_bytes_per_token_bf16']} B/token (bf16) vs MHA "
                              f"{r['mha_bytes_per_token_bf16']} B/token")]

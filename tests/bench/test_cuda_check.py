@@ -11,6 +11,18 @@ import pytest
 from bench.device.cuda_check import main
 
 
+def _float32_cases_pass(r: dict, greedy: int) -> None:
+    """bench/device/exact.py's float32_cases, as a section reports them: every row and top-k value within 1e-4, the
+    warm repeats served from the prefix cache, the varlen backend on its reference kernel (float32 on CPU), greedy
+    equal on every prompt."""
+    for case in ("one_step", "warm_repeat", "chunked", "varlen", "varlen_warm"):
+        assert r[case]["max_abs_diff"] <= 1e-4 and r[case]["top_max_abs_diff"] <= 1e-4, (case, r[case])
+        assert r[case]["top_sets_moved"] == 0
+    assert r["warm_repeat"]["cached_tokens"] > 0 and r["varlen_warm"]["cached_tokens"] > 0
+    assert r["varlen"]["kernel"] == "varlen_attention_reference"
+    assert r["greedy"]["equal"] == r["varlen_greedy"]["equal"] == greedy, (r["greedy"], r["varlen_greedy"])
+
+
 @pytest.mark.timeout(420)  # a hang guard: the sections before gpt_oss alone took 280 s on 2 cores shared 8 ways
 def test_cuda_check_cpu_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     main(["--cpu-smoke", "--out", str(tmp_path)])
@@ -19,24 +31,13 @@ def test_cuda_check_cpu_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert all("error" not in r and "skipped" not in r for r in res.values()), res
     assert res["env"]["engine_imports"] == "ok"
     for family in ("llama", "qwen2"):
-        r = res["exact"][family]
-        for case in ("one_step", "warm_repeat", "chunked", "varlen", "varlen_warm"):
-            assert r[case]["max_abs_diff"] <= 1e-4 and r[case]["top_max_abs_diff"] <= 1e-4
-            assert r[case]["top_sets_moved"] == 0
-        assert r["warm_repeat"]["cached_tokens"] > 0  # the repeat was served from the prefix cache
-        assert r["varlen_warm"]["cached_tokens"] > 0
-        assert r["varlen"]["kernel"] == "varlen_attention_reference"  # float32 on CPU: the reference kernel
-        for greedy in ("greedy", "varlen_greedy"):
-            assert r[greedy]["equal"] == r[greedy]["prompts"] == 3
+        _float32_cases_pass(res["exact"][family], greedy=3)
     bf16 = res["bf16"]
     assert bf16["rayscore_tok_s"] > 0 and bf16["transformers_tok_s"] > 0 and bf16["peak_bf16_tflops"] > 0
     assert bf16["max_abs_diff"] < 0.5  # bfloat16 both sides: close, not exact
     assert res["invariant"]["float32 invariant"]["moved"] == []
     oss = res["gpt_oss"]
-    for case in ("one_step", "warm_repeat", "chunked", "varlen"):
-        assert oss[case]["max_abs_diff"] <= 1e-4 and oss[case]["top_sets_moved"] == 0, oss
-    assert oss["warm_repeat"]["cached_tokens"] > 0 and oss["varlen"]["kernel"] == "varlen_attention_reference"
-    assert oss["greedy"]["equal"] == oss["varlen_greedy"]["equal"] == 1
+    _float32_cases_pass(oss, greedy=1)
     assert oss["bf16"]["max_abs_diff_vs_torch"] < 0.5 and oss["bf16"]["backend"] == "TorchPagedAttention"  # CPU
     # The workloads: both sides ran and agree (bfloat16 both sides: close, not exact), every figure is there.
     for name in ("ragged", "mc"):
@@ -51,9 +52,7 @@ def test_cuda_check_cpu_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert g["graphs"].startswith("off")  # no CUDA: nothing captured
         assert g["transformers"]["static_cache_gib"] > 0  # generate with disable_compile ran, warmed up first
     mla = res["mla"]  # the MLA model: exact on the torch path and the varlen reference, latent smaller than MHA
-    for case in ("one_step", "warm_repeat", "varlen_chunked"):
-        assert mla[case]["max_abs_diff"] <= 1e-4 and mla[case]["top_sets_moved"] == 0
-    assert mla["warm_repeat"]["cached_tokens"] > 0 and mla["greedy"]["equal"] == mla["varlen_greedy"]["equal"] == 3
+    _float32_cases_pass(mla, greedy=3)
     assert mla["latent_bytes_per_token_bf16"] < mla["mha_bytes_per_token_bf16"] and mla["bf16_score_tok_s"] > 0
     out = capsys.readouterr().out
     table = out[out.index("cuda_check on cpu"):]
@@ -66,6 +65,18 @@ def test_moe_section_on_request(tmp_path: Path) -> None:
     main(["--cpu-smoke", "--section", "moe", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "cuda_check.json").read_text())
     assert res["moe"]["path_chosen"] == "loop" and res["moe"]["smoke_T16"]["loop_ms"] > 0
+
+
+def test_hybrid_section_on_request(tmp_path: Path) -> None:
+    """Not in the default run: `--section hybrid` runs the Qwen3.5 section; on CPU the float32 checks (the warm
+    repeats resume from state snapshots) and bfloat16 on the torch reference, which says why."""
+    main(["--cpu-smoke", "--section", "hybrid", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "cuda_check.json").read_text())["hybrid"]
+    assert "error" not in res, res
+    _float32_cases_pass(res, greedy=1)
+    b = res["bf16"]
+    assert b["rule"] == "torch reference: no CUDA device (cpu)" and b["max_abs_diff_vs_fp32"] < 0.5
+    assert b["prefill"]["tok_s"] > 0 and b["decode"]["tok_s"] > 0
 
 
 def test_cuda_check_skips_sections_past_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
