@@ -19,7 +19,7 @@ Tools, by folder (bench/lib/ holds the harness, timing and reports; bench/worklo
   device/      cuda_check (the prepared GPU run: float32 exactness, 8B bf16 MFU; --cpu-smoke on CPU)
   serving/     offline (rayscore-batch vs a loop), prefix_routing (cache-aware routing), front_door (Serve's
                Python proxy vs HAProxy), peer_vllm (vLLM 0.32's CPU build on the same requests: answers field by
-               field, tokens/s)
+               field, tokens/s), worker_stream (the worker's CPU per streamed token, against another checkout)
   invariance/  invariant (batch-invariant mode vs the default), invariant_cost (its per-kernel cost)
   checks/      (the correctness tools, a package of their own that the tests import) reliability (flood, kill,
                drain, abandon against a server), cluster_faults (node loss and redeploy on several raylets),
@@ -99,7 +99,7 @@ _TOOLS = {
     "compact": "bench.workloads.compact",
     "cluster_faults": "checks.cluster_faults", "config_lifetime": "checks.config_lifetime",
     "front_door": "bench.serving.front_door",
-    "peer_vllm": "bench.serving.peer_vllm",
+    "peer_vllm": "bench.serving.peer_vllm", "worker_stream": "bench.serving.worker_stream",
 }
 
 

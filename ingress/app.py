@@ -26,6 +26,7 @@ from ingress.openai.render.common import error_json as openai_error_json
 from ingress.openai.router import openai_router
 from ingress.retry import RetryCounter
 from ingress.settings import IngressSettings
+from ingress.sglang.router import sglang_dialect
 from ingress.vllm.rl_routes import rl_router
 from ingress.vllm.router import token_router
 from ingress.weights.control import control_router
@@ -71,7 +72,10 @@ def build_fastapi_app(backend: Backend, settings: IngressSettings | None = None,
     # The last added runs first: a request gets its id (and access-log line) before the key and size checks.
     app.add_middleware(GuardMiddleware, settings=settings, error_body=error_shape)
     app.add_middleware(RequestIdMiddleware, on_finish=on_request)
-    app.include_router(generate_router(backend, settings, retries))
+    # /generate: the contract's bodies (generate/routes.py) and SGLang's (sglang/router.py), one path, told apart by
+    # the body's shape; both answer in the contract's error body.
+    contract = Lifecycle(backend, error_json, settings, retries)
+    app.include_router(generate_router(backend, contract, others=(sglang_dialect(backend, contract),)))
 
     async def health() -> Response:
         if not await backend.ready():

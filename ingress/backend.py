@@ -13,10 +13,10 @@ from typing import Any, Protocol
 from ingress.images import ImageBlob, ImageLimits
 from protocol import (
     ChatPrompt,
-    GenerateChunk,
     GenerateRequest,
     ImageData,
     ModelInfo,
+    RequestOutput,
     TokenizerInfo,
     WeightUpdate,
     WeightUpdateResult,
@@ -31,7 +31,7 @@ class WorkerSide(Protocol):
         """The served model's limits; raises when no worker can answer."""
         ...
 
-    def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+    def stream(self, req: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         """An async generator of the request's deltas, ending after the chunk with finished=True. Each delta's text
         is the ingress's, decoded from its ids, and the answer ends at the first stop string (ingress/output/).
 
@@ -42,13 +42,13 @@ class WorkerSide(Protocol):
         """
         ...
 
-    def streams(self, reqs: list[GenerateRequest]) -> list[AsyncGenerator[GenerateChunk, None]]:
+    def streams(self, reqs: list[GenerateRequest]) -> list[AsyncGenerator[RequestOutput, None]]:
         """One stream per request, as `stream`'s, for the requests of one HTTP request (one admitted unit), read from
         one worker call where it can: closing any of them before its end may abort them all (a batch is read and
         closed as a whole)."""
         ...
 
-    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+    async def answers(self, reqs: list[GenerateRequest]) -> list[RequestOutput]:
         """Each request's whole answer (its deltas merged), in order, from one call: what a non-streamed answer
         needs (a request with stop strings is read as its own stream, so the ingress can end it at a match). The
         answers are as the worker ended them (an `error` finish included; the caller checks).

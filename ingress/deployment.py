@@ -3,7 +3,7 @@
 Bound by deploy/ (never here): `Ingress.options(...).bind(worker_app, settings=..., allow_unauthenticated=...,
 weight_updates=...)`. Constructor: `Ingress(worker: DeploymentHandle, ready_timeout_s: float = 5.0,
 settings: IngressSettings | None, allow_unauthenticated: bool = False, weight_updates: bool = False)`,
-where `worker` is the worker deployment (methods `generate` streaming GenerateChunk, `model_info`, `stats`),
+where `worker` is the worker deployment (methods `generate` streaming RequestOutput, `model_info`, `stats`),
 `ready_timeout_s` bounds how long GET /health waits for a worker's `stats` before answering 503, `settings` holds
 the limits, deadlines and config keys (settings.py), and `weight_updates` says whether the worker deployment keeps a
 weight registry (workers/weights.py). Serve's `user_config` on this deployment ({field: value} of IngressSettings

@@ -17,17 +17,17 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from protocol import GenerateChunk
+from protocol import RequestOutput
 
 
-def openai_finish(chunk: GenerateChunk) -> str | None:
+def openai_finish(chunk: RequestOutput) -> str | None:
     """OpenAI's (and vLLM's) `finish_reason`: the finish's type on the chunk that finishes, else null."""
     if not chunk.finished or chunk.finish_reason is None:
         return None
     return chunk.finish_reason.type
 
 
-def vllm_stop_reason(chunk: GenerateChunk, stop_token_ids: Collection[int]) -> int | str | None:
+def vllm_stop_reason(chunk: RequestOutput, stop_token_ids: Collection[int]) -> int | str | None:
     """vLLM's `stop_reason`: the stop string or stop token id (one the request named) that ended generation; null on
     the end-of-text token and on every finish but a stop."""
     finish = chunk.finish_reason
@@ -37,7 +37,7 @@ def vllm_stop_reason(chunk: GenerateChunk, stop_token_ids: Collection[int]) -> i
     return matched if isinstance(matched, str) or matched in stop_token_ids else None
 
 
-def seed_finish(chunk: GenerateChunk) -> dict[str, Any] | None:
+def seed_finish(chunk: RequestOutput) -> dict[str, Any] | None:
     """The seed /generate's `meta_info.finish_reason`: `matched` and `message` only when there is one."""
     finish = chunk.finish_reason
     if finish is None:
@@ -50,7 +50,7 @@ def seed_finish(chunk: GenerateChunk) -> dict[str, Any] | None:
     return out
 
 
-def sglang_finish(chunk: GenerateChunk) -> dict[str, Any] | None:
+def sglang_finish(chunk: RequestOutput) -> dict[str, Any] | None:
     """SGLang's `meta_info.finish_reason`, on the chunk that finishes: length with the tokens generated, stop with
     what matched, else an abort with its message (a failure: with its status code too)."""
     finish = chunk.finish_reason

@@ -1,24 +1,26 @@
 """One request's way through the ingress, the same for every route and every API.
 
-    route ── Lifecycle.run(request, work) ── work(batch) ─┬─ batch.open(requests)   a stream per prompt, one call
-                                                          ├─ await batch.firsts()   first chunks: the HTTP status
-                                                          ├─ await batch.collect()  whole answers, in order
-                                                          ├─ batch.stream(events)   or an SSE answer of rest()
-                                                          └─ await batch.answers(requests)  not streamed: one
-                                                                                  worker call, whole answers
+    route ── Lifecycle.run(request, work) ── work(exchange) ─┬─ exchange.open(requests)   a stream per prompt,
+                                                             │                            one call
+                                                             ├─ await exchange.first_chunks()   the HTTP status
+                                                             ├─ await exchange.collect()  whole answers, in order
+                                                             ├─ exchange.stream(events)   or an SSE answer of
+                                                             │                            later_chunks()
+                                                             └─ await exchange.answers(requests)  not streamed:
+                                                                                  one worker call, whole answers
 
 `run` owns what every request needs: the client's disconnect cancels the work (ClientGone, 499), typed
 errors (errors.py) become the API's error body, any other exception is a 503 (no worker could answer), and
 every worker stream is closed at the end - which aborts the requests whose final chunk was not seen -
 unless an SSE response took them over, and then it closes them when it ends. It also runs the work again,
-on a fresh batch, when a worker was lost before any byte went out (retry.py), and bounds the whole request
-by `request_timeout_s`: 504 before any byte, a final `error` chunk (code 504) after (`Batch.rest`).
+on a fresh exchange, when a worker was lost before any byte went out (retry.py), and bounds the whole request
+by `request_timeout_s`: 504 before any byte, a final `error` chunk (code 504) after (`Exchange.later_chunks`).
 
-A batch is N prompts -> N worker requests -> N answers in the prompts' order; a single prompt is the batch
-of one. Each step is the one place for what belongs there: a check that must come before any work is
-queued goes in `open` (the limits of limits.py are checked there, for every route); what may happen while
-no byte has reached the client (the status can still change) in `firsts` and `collect`; what concerns the
-whole HTTP exchange in `run`.
+An Exchange is one HTTP request's worker requests: N prompts -> N worker requests -> N answers in the prompts'
+order; a single prompt is the exchange of one. Each step is the one place for what belongs there: a check that
+must come before any work is queued goes in `open` (the limits of limits.py are checked there, for every route);
+what may happen while no byte has reached the client (the status can still change) in `first_chunks` and
+`collect`; what concerns the whole HTTP exchange in `run`.
 """
 
 from __future__ import annotations
@@ -52,16 +54,17 @@ from ingress.retry import RetryBudget, RetryCounter
 from ingress.settings import IngressSettings
 from ingress.sse import SSEResponse
 from ingress.tasks import all_or_none
-from protocol import AdapterRef, GenerateChunk, GenerateRequest, ModelInfo, error_chunk, merge_outputs
+from protocol import AdapterRef, GenerateRequest, ModelInfo, RequestOutput, error_chunk, merge_outputs
 
 logger = logging.getLogger(__name__)
-Stream = AsyncGenerator[GenerateChunk, None]
+Stream = AsyncGenerator[RequestOutput, None]
 ErrorBody = Callable[[IngressError], dict[str, Any]]
 DEADLINE = "The request exceeded its deadline of {seconds:g} s (config field `request_timeout_s`)."
 
 
-class Batch:
-    """The worker requests of one HTTP request: opened together, answered in order, closed together."""
+class Exchange:
+    """The worker requests of one HTTP request (its exchange with the workers): opened together, answered in order,
+    closed together."""
 
     def __init__(self, backend: Backend, settings: IngressSettings | None = None,
                  deadline: float | None = None) -> None:
@@ -69,9 +72,9 @@ class Batch:
         self._settings = settings or IngressSettings()
         self._deadline = deadline  # time.monotonic() by which the whole request must be answered
         self._streams: list[Stream] = []
-        self._firsts: list[GenerateChunk] = []
+        self._first_chunks: list[RequestOutput] = []
         self.handed_off = False  # an SSE response owns the streams and closes them
-        # (name, PEFT folder) of the LoRA adapter every request of the batch runs with, set by the route that
+        # (name, PEFT folder) of the LoRA adapter every request of the exchange runs with, set by the route that
         # resolved it (ingress/adapters/select.py); None: the base model.
         self.adapter: tuple[str, str] | None = None
 
@@ -97,36 +100,36 @@ class Batch:
         stream per request, all of one admission group (fan_out.py) and read from one worker call (`Backend.streams`;
         a request with stop strings has its own); nothing is sent before the first chunk is awaited."""
         if self._streams:
-            raise RuntimeError("a batch is opened once")
+            raise RuntimeError("an exchange is opened once")
         check_limits(requests, self._settings, info)
         self._streams = self._backend.streams(as_one_unit(self._adapted(requests), info))
 
-    async def answers(self, requests: Sequence[GenerateRequest], info: ModelInfo) -> list[GenerateChunk]:
+    async def answers(self, requests: Sequence[GenerateRequest], info: ModelInfo) -> list[RequestOutput]:
         """`open` + `collect` in one worker call, for an answer that is not streamed: the same checks before any
         work, the same whole answers in order, the same errors (the first failed answer's, in order)."""
         if self._streams:
-            raise RuntimeError("a batch is opened once")
+            raise RuntimeError("an exchange is opened once")
         check_limits(requests, self._settings, info)
         if not requests:  # e.g. a completion that only echoes its prompt: nothing to ask a worker
             return []
-        wholes = await self._backend.answers(as_one_unit(self._adapted(requests), info))
-        for whole in wholes:
+        answers = await self._backend.answers(as_one_unit(self._adapted(requests), info))
+        for whole in answers:
             _check_whole(whole)
-        return wholes
+        return answers
 
-    async def firsts(self) -> list[GenerateChunk]:
+    async def first_chunks(self) -> list[RequestOutput]:
         """Each stream's first chunk, in order. No byte is out yet, so these decide the HTTP status even of
         a streamed answer: a worker's rejection raises InvalidRequest, its failure a ServerError or
         Unavailable (the first failing stream's; the others are cancelled)."""
-        self._firsts = await all_or_none(_first(stream) for stream in self._streams)
-        return self._firsts
+        self._first_chunks = await all_or_none(_first(stream) for stream in self._streams)
+        return self._first_chunks
 
-    async def collect(self) -> list[GenerateChunk]:
-        """Each request's whole answer (its chunks merged), in order; raises as `firsts` does."""
-        wholes = (_whole(first, stream) for first, stream in zip(self._firsts, self._streams, strict=True))
-        return await all_or_none(wholes)
+    async def collect(self) -> list[RequestOutput]:
+        """Each request's whole answer (its chunks merged), in order; raises as `first_chunks` does."""
+        answers = (_whole(first, stream) for first, stream in zip(self._first_chunks, self._streams, strict=True))
+        return await all_or_none(answers)
 
-    async def rest(self) -> AsyncGenerator[tuple[int, GenerateChunk], None]:
+    async def later_chunks(self) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         """The chunks after the first ones, as they arrive, each with its request's position.
 
         Ends when every stream has sent its final chunk, or right after a final `error` chunk. Once bytes
@@ -134,8 +137,8 @@ class Batch:
         without a final chunk) or outlives the request's deadline is reported as such a chunk, built on the
         last one it sent. Nothing is read after a stream's final chunk.
         """
-        last = list(self._firsts)
-        pending: dict[asyncio.Future[GenerateChunk | None], int] = {}
+        last = list(self._first_chunks)
+        pending: dict[asyncio.Future[RequestOutput | None], int] = {}
 
         def read_next(i: int) -> None:
             pending[asyncio.ensure_future(anext(self._streams[i], None))] = i
@@ -149,7 +152,8 @@ class Batch:
                 done, _ = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if not done:  # past the deadline: the request ends here, in-band (its streams are then closed)
                     i = min(pending.values())
-                    yield i, error_chunk(last[i].rid, self.deadline_message(), DeadlineExceeded.status, after=last[i])
+                    yield i, error_chunk(last[i].request_id, self.deadline_message(), DeadlineExceeded.status,
+                                         after=last[i])
                     return
                 for task in done:
                     i = pending.pop(task)
@@ -178,7 +182,7 @@ class Batch:
         return DEADLINE.format(seconds=self._settings.request_timeout_s)
 
 
-async def _first(stream: Stream) -> GenerateChunk:
+async def _first(stream: Stream) -> RequestOutput:
     chunk = await anext(stream, None)
     if chunk is None:
         raise Unavailable(WORKER_ENDED_EARLY)
@@ -187,7 +191,7 @@ async def _first(stream: Stream) -> GenerateChunk:
     return chunk
 
 
-async def _whole(first: GenerateChunk, stream: Stream) -> GenerateChunk:
+async def _whole(first: RequestOutput, stream: Stream) -> RequestOutput:
     chunks = [first]
     if not first.finished:
         async for chunk in stream:
@@ -197,7 +201,7 @@ async def _whole(first: GenerateChunk, stream: Stream) -> GenerateChunk:
     return _check_whole(merge_outputs(chunks))
 
 
-def _check_whole(whole: GenerateChunk) -> GenerateChunk:
+def _check_whole(whole: RequestOutput) -> RequestOutput:
     """A whole answer, or the error it ended with (a stream that ended without its final chunk: Unavailable)."""
     if not whole.finished:
         raise Unavailable(WORKER_ENDED_EARLY)
@@ -206,14 +210,14 @@ def _check_whole(whole: GenerateChunk) -> GenerateChunk:
     return whole
 
 
-def _next_chunk(task: asyncio.Future[GenerateChunk | None], last: GenerateChunk) -> GenerateChunk:
+def _next_chunk(task: asyncio.Future[RequestOutput | None], last: RequestOutput) -> RequestOutput:
     """A read's chunk, or the final `error` chunk that stands for a read that failed."""
     try:
         chunk = task.result()
     except Exception as exc:  # CancelledError is a BaseException: it passes through
-        logger.warning("worker failed mid-stream, rid=%s", last.rid, exc_info=exc)
-        return error_chunk(last.rid, worker_failed(exc), after=last)
-    return error_chunk(last.rid, WORKER_ENDED_EARLY, after=last) if chunk is None else chunk
+        logger.warning("worker failed mid-stream, rid=%s", last.request_id, exc_info=exc)
+        return error_chunk(last.request_id, worker_failed(exc), after=last)
+    return error_chunk(last.request_id, WORKER_ENDED_EARLY, after=last) if chunk is None else chunk
 
 
 class Lifecycle:
@@ -227,8 +231,8 @@ class Lifecycle:
         self._settings = settings or IngressSettings()
         self._retries = retries or RetryCounter()
 
-    async def run(self, request: Request, work: Callable[[Batch], Awaitable[Response]]) -> Response:
-        """`work(batch)`'s answer, or the error answer for what it raised; the batch closed unless streamed."""
+    async def run(self, request: Request, work: Callable[[Exchange], Awaitable[Response]]) -> Response:
+        """`work(exchange)`'s answer, or the error answer for what it raised; the exchange closed unless streamed."""
         try:
             # The body was read before the handler ran: from here the next ASGI message is the disconnect.
             return await until_disconnect(request.receive, self._attempts(work))
@@ -238,9 +242,9 @@ class Lifecycle:
             logger.warning("worker failed before the answer started", exc_info=exc)
             return self.answer(Unavailable(worker_failed(exc)))
 
-    async def _attempts(self, work: Callable[[Batch], Awaitable[Response]]) -> Response:
-        """`work` on a fresh batch, again while its worker was lost and the retry budget lasts, all within the
-        request's deadline (then DeadlineExceeded, once the work has unwound and closed its batch)."""
+    async def _attempts(self, work: Callable[[Exchange], Awaitable[Response]]) -> Response:
+        """`work` on a fresh exchange, again while its worker was lost and the retry budget lasts, all within the
+        request's deadline (then DeadlineExceeded, once the work has unwound and closed its exchange)."""
         timeout_s = self._settings.request_timeout_s
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         task = asyncio.ensure_future(self._retried(work, deadline))
@@ -254,12 +258,12 @@ class Lifecycle:
             raise DeadlineExceeded(DEADLINE.format(seconds=timeout_s))
         return task.result()
 
-    async def _retried(self, work: Callable[[Batch], Awaitable[Response]], deadline: float | None) -> Response:
+    async def _retried(self, work: Callable[[Exchange], Awaitable[Response]], deadline: float | None) -> Response:
         budget = RetryBudget(self._settings.retry_deadline_s)
         while True:
-            batch = Batch(self._backend, self._settings, deadline)
+            exchange = Exchange(self._backend, self._settings, deadline)
             try:
-                return await work(batch)
+                return await work(exchange)
             except WorkerLost as exc:
                 if (wait := budget.next_wait()) is None:
                     raise
@@ -268,8 +272,8 @@ class Lifecycle:
                             budget.attempts + 1, wait, exc.message)
             finally:
                 # Also runs when Ray Serve cancels this handler because the client went away.
-                if not batch.handed_off:
-                    await batch.aclose()
+                if not exchange.handed_off:
+                    await exchange.aclose()
             await asyncio.sleep(wait)
 
     def answer(self, exc: IngressError) -> Response:

@@ -1,7 +1,7 @@
 """What one request may ask the workers for, checked on its worker requests before any is sent.
 
 Every route builds GenerateRequest carriers, and the lifecycle checks them here as it opens them
-(`Batch.open`), so a route added later gets the limits for free. A request over a limit is a 400 whose
+(`Exchange.open`), so a route added later gets the limits for free. A request over a limit is a 400 whose
 message (rulebook/limits.py) names the limit and the config field that raises it. The body's size (413) is
 checked earlier, on the raw bytes (edge/middleware.py).
 """

@@ -1,8 +1,9 @@
-"""Carriers: the only things that cross the ingress <-> worker process boundary for a request.
+"""Carriers: the only things that cross the ingress <-> worker process boundary for a request: a GenerateRequest
+in, the engine's own RequestOutput deltas out (protocol/outputs.py: one output type, no copy per delta).
 
 Plain dataclasses of builtins (no tensors, no engine state), so they pickle small. Logprob fields keep None ("not
-requested") and [] ("requested, empty") distinct; a stream's final chunk carries only what is new, never a replay of
-earlier chunks.
+requested") and [] ("requested, empty") distinct; a stream's final delta carries only what is new, never a replay of
+earlier deltas.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from protocol.images import ImageData
-from protocol.outputs import CONCAT, FinishReason
+from protocol.outputs import FinishReason, RequestOutput
 from protocol.sampling import SamplingParams
 
 
@@ -34,44 +35,8 @@ class GenerateRequest:
     images: list[ImageData] | None = None
 
 
-@dataclass
-class GenerateChunk:
-    """One delta of a request's answer: what is new since the previous chunk."""
-
-    rid: str
-    # The generated text: the worker leaves it empty (it returns ids and logprobs); the ingress writes it from
-    # output_ids with its own tokenizer, stop strings matched (ingress/output/).
-    text: str = field(default="", metadata=CONCAT)
-    output_ids: list[int] = field(default_factory=list, metadata=CONCAT)
-    finished: bool = False
-    finish_reason: FinishReason | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    # [[value, token_id], ...] | None
-    input_token_logprobs: list[list] | None = field(default=None, metadata=CONCAT)
-    input_top_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
-    output_token_logprobs: list[list] | None = field(default=None, metadata=CONCAT)
-    output_top_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
-    # Per scored input position, [[value, token_id], ...] of the request's token_ids_logprob | None.
-    input_token_ids_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
-    # Per scored input position, its token's rank in the row (params.return_input_ranks) | None.
-    input_token_ranks: list[int] | None = field(default=None, metadata=CONCAT)
-    # Per generated token, [[value, token_id], ...] of the request's token_ids_logprob | None.
-    output_token_ids_logprobs: list[list[list]] | None = field(default=None, metadata=CONCAT)
-    # Per generated token, its rank in the row it was sampled from (params.return_output_ranks) | None.
-    output_token_ranks: list[int] | None = field(default=None, metadata=CONCAT)
-    # The request's input_logprob_temperature, echoed; None when it did not set one.
-    input_logprob_temperature: float | None = None
-    # A classify request's raw float32 scores at its pooled position ([num_labels]), on its final chunk.
-    pooled: list[float] | None = None
-    # The weights the request ran on (every chunk of a request carries the same: weights change between requests).
-    weight_version: str | None = None
-    # The worker's ModelInfo.version when the request started: the ingress refreshes its copy when it differs.
-    info_version: str | None = None
-
-
-def error_chunk(rid: str, message: str, code: int | None = None, after: GenerateChunk | None = None) -> GenerateChunk:
+def error_chunk(rid: str, message: str, code: int | None = None,
+                after: RequestOutput | None = None) -> RequestOutput:
     """The final delta of a request that ends in error: nothing new, finish_reason `error` with `message`.
 
     `code`: 400 when the request was bad, 500 (or None) when the server failed. `after` is the last delta the
@@ -82,8 +47,8 @@ def error_chunk(rid: str, message: str, code: int | None = None, after: Generate
     def empty_like(name: str) -> list | None:
         return None if after is None or getattr(after, name) is None else []
 
-    return GenerateChunk(
-        rid=rid, finished=True, finish_reason=FinishReason("error", message=message, code=code),
+    return RequestOutput(
+        request_id=rid, finished=True, finish_reason=FinishReason("error", message=message, code=code),
         prompt_tokens=after.prompt_tokens if after else 0,
         completion_tokens=after.completion_tokens if after else 0,
         cached_tokens=after.cached_tokens if after else 0,
@@ -99,10 +64,10 @@ def error_chunk(rid: str, message: str, code: int | None = None, after: Generate
         info_version=after.info_version if after else None)
 
 
-async def until_finished(stream: AsyncGenerator[GenerateChunk, None]) -> list[GenerateChunk]:
+async def until_finished(stream: AsyncGenerator[RequestOutput, None]) -> list[RequestOutput]:
     """A stream's chunks up to its final one, the stream closed after (which aborts a request left unfinished):
     what a caller that wants the whole answer merges (the worker's generate_whole; the ingress tests' fake)."""
-    chunks: list[GenerateChunk] = []
+    chunks: list[RequestOutput] = []
     async with contextlib.aclosing(stream) as s:
         async for chunk in s:
             chunks.append(chunk)

@@ -44,7 +44,7 @@ class ModelInfo:
     vision_start_token_id: int | None = None
     vision_end_token_id: int | None = None
     # The workers' model-info version: a digest of every field above and of the weights served (model_info_version),
-    # so that every replica of one configuration tells the same. Each answer carries it (GenerateChunk.info_version):
+    # so that every replica of one configuration tells the same. Each answer carries it (RequestOutput.info_version):
     # the ingress asks again only when an answer's differs (a user_config change, a weight update) or when no answer
     # has come for long (ingress/transport/worker_client.py). "": not told (tests' fakes).
     version: str = ""

@@ -1,4 +1,5 @@
-"""What the engine hands back for a request: deltas, where None = not requested and [] = requested, empty."""
+"""What the engine hands back for a request, and what crosses the worker -> ingress boundary as is: deltas, where
+None = not requested and [] = requested, empty."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ DEFAULT_WEIGHT_VERSION = "default"
 # [value, token_id]
 TokenLogprob = tuple[float, int]
 
-# Field metadata of a delta (a RequestOutput, or the worker's carrier of one): this field holds only what is
-# new since the previous delta, so a stream's deltas concatenate. Every other field holds a running value
-# (totals, the finish, timings) that the latest delta carries.
+# Field metadata of a RequestOutput's field: it holds only what is new since the previous delta, so a stream's
+# deltas concatenate. Every other field holds a running value (totals, the finish, timings) that the latest delta
+# carries.
 CONCAT = {"concat": True}
 
 D = TypeVar("D")
@@ -36,8 +37,12 @@ class FinishReason:
 class RequestOutput:
     """One delta of a request's stream. Only what is new since the previous delta.
 
-    Logprob lists are None when the request did not ask for them and a (possibly empty) list when it did.
-    The last delta has finished=True; nothing follows it.
+    The one output type from the engine to the HTTP answer: the engine builds it, the worker adds what only it
+    knows (the versions; the echo of input_logprob_temperature) to the same object in the engine thread, Serve
+    pickles it, and the ingress writes `text` (ingress/output/). Plain builtins: no tensors, no engine state.
+    Logprob lists are None when the request did not ask for them and a (possibly empty) list when it did; their
+    rows are the engine's own (value, token_id) tuples, never copied on the way.
+    The last delta has finished=True; nothing follows it, and it never replays an earlier delta.
     """
 
     request_id: str
@@ -65,6 +70,16 @@ class RequestOutput:
     arrival_time: float | None = None
     scheduled_time: float | None = None
     finished_time: float | None = None
+    # The generated text: the engine and the worker leave it empty (they return ids and logprobs); the ingress
+    # writes it from new_token_ids with its own tokenizer, stop strings matched (ingress/output/).
+    text: str = field(default="", metadata=CONCAT)
+    # The request's input_logprob_temperature, echoed (set by the worker); None when it did not set one.
+    input_logprob_temperature: float | None = None
+    # The weights the request ran on (set by the worker; every delta of a request carries the same: weights change
+    # between requests).
+    weight_version: str | None = None
+    # The worker's ModelInfo.version when the request started: the ingress refreshes its copy when it differs.
+    info_version: str | None = None
 
 
 def merge_outputs(deltas: Sequence[D]) -> D:

@@ -11,20 +11,20 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
-from protocol import GenerateChunk
+from protocol import RequestOutput
 
 # One message of a many-call: (position of the request in the call, its delta), in the order they came.
-Tagged = list[tuple[int, GenerateChunk]]
+Tagged = list[tuple[int, RequestOutput]]
 _ENDED = None  # a request's stream ended (after its final chunk)
 
 
-async def merged(streams: Sequence[AsyncGenerator[GenerateChunk, None]]) -> AsyncIterator[Tagged]:
+async def merged(streams: Sequence[AsyncGenerator[RequestOutput, None]]) -> AsyncIterator[Tagged]:
     """The deltas of `streams`, each read in a task of its own, as messages of what is ready at the same time; ends
     when every stream has ended. A stream that raises ends the whole: the error is raised here, and closing this
     iterator early (the call cancelled: the client left) closes every stream, which aborts its request."""
-    ready: asyncio.Queue[tuple[int, GenerateChunk] | BaseException | None] = asyncio.Queue()
+    ready: asyncio.Queue[tuple[int, RequestOutput] | BaseException | None] = asyncio.Queue()
 
-    async def pump(i: int, stream: AsyncGenerator[GenerateChunk, None]) -> None:
+    async def pump(i: int, stream: AsyncGenerator[RequestOutput, None]) -> None:
         try:
             async with contextlib.aclosing(stream):
                 async for chunk in stream:

@@ -1,5 +1,5 @@
 """The engine worker: a Serve deployment whose every replica is one process owning one engine
-(one GPU where there are GPUs), streaming each request's deltas back as carriers."""
+(one GPU where there are GPUs), streaming each request's deltas back: the engine's own RequestOutputs."""
 
 from __future__ import annotations
 
@@ -18,17 +18,15 @@ from engine.config import RUNTIME_FIELDS, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.multimodal.image_input import ImageInput
 from protocol import (
-    GenerateChunk,
     GenerateRequest,
     ModelInfo,
+    RequestOutput,
     WorkerStats,
     merge_outputs,
     until_finished,
 )
 from protocol.info import model_info_version
-from protocol.outputs import RequestOutput
 from workers.adapter_registry import adapter_registry_actor
-from workers.convert import to_chunk
 from workers.many import Tagged, merged
 from workers.metrics import MetricsRefresher, WorkerMetrics, autoscaling_stats
 from workers.ranks import RankGroup, end_replica
@@ -64,8 +62,8 @@ class EngineWorker:
                  weight_updates: bool = False) -> None:
         cfg = EngineConfig(**engine_config)
         # Ray sets OMP_NUM_THREADS=1 in actors with < 2 CPUs: take the thread count from the config.
-        # Carriers are built in the engine thread (generate's `convert`): a large delta never holds this replica's
-        # event loop, which must keep answering health checks, stats and other streams.
+        # A delta is finished in the engine thread (generate's `stamp`: three attributes, no copy), so a large one
+        # never holds this replica's event loop, which must keep answering health checks, stats and other streams.
         # tensor_parallel_size or pipeline_parallel_size > 1: this replica is rank 0 and starts the others in its
         # placement group.
         self.ranks = RankGroup(engine_config) if cfg.world_size > 1 else None
@@ -121,7 +119,7 @@ class EngineWorker:
         self._info_weights = ""  # a new version, whatever the weights
         log.info("rayscore worker runtime settings: %s", {f: getattr(cfg, f) for f in RUNTIME_FIELDS})
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """One request's deltas (the streaming handle call)."""
         self._stream_calls += 1
         async with contextlib.aclosing(self._generate(req)) as stream:
@@ -137,7 +135,7 @@ class EngineWorker:
             async for message in messages:
                 yield message
 
-    async def _generate(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+    async def _generate(self, req: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         ids = req.input_ids
         if ids is None:  # the ingress tokenizes every text (ingress/text.py): a caller that did not is a bug
             raise ValueError(f"request {req.rid!r} has no input_ids: the worker takes token ids only")
@@ -150,18 +148,26 @@ class EngineWorker:
         if model_id:  # a LoRA adapter's call: Serve records that this replica holds it (workers/router.py prefers it)
             await self._hold_adapter(model_id)
 
-        def convert(out: RequestOutput) -> GenerateChunk:  # in the engine thread, off this event loop
+        temperature = params.input_logprob_temperature
+
+        def stamp(out: RequestOutput) -> RequestOutput:  # in the engine thread, off this event loop
+            """What only the worker knows, set on the engine's own delta: it crosses to the ingress as is (its
+            rows are the engine's tuples; nothing is copied per delta). The weights are read per delta: the
+            engine changes them only between requests."""
             self.metrics.on_output(params, out)
-            return to_chunk(out, params, eng.weight_version, info_version)
+            out.input_logprob_temperature = temperature
+            out.weight_version = eng.weight_version
+            out.info_version = info_version
+            return out
 
         # The ingress decoded and preprocessed the images; here their bytes only become tensors.
         images = [ImageInput.from_carrier(im) for im in req.images] if req.images else None
-        async with contextlib.aclosing(self.engine.generate(req.rid, ids, params, convert, req.group,
+        async with contextlib.aclosing(self.engine.generate(req.rid, ids, params, stamp, req.group,
                                                             req.shared_tokens, images=images)) as stream:
             async for chunk in stream:
                 yield chunk
 
-    async def generate_whole(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+    async def generate_whole(self, reqs: list[GenerateRequest]) -> list[RequestOutput]:
         """Each request's whole answer (its deltas merged, the final chunk's totals), in order, from one unary call:
         a non-streamed answer needs no streaming call per prompt (each costs a generator on both sides of the handle
         and a message per delta: docs/performance.md). Cancelling the call (client gone) aborts every request
@@ -176,7 +182,7 @@ class EngineWorker:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _whole(self, req: GenerateRequest) -> GenerateChunk:
+    async def _whole(self, req: GenerateRequest) -> RequestOutput:
         chunks = await until_finished(self._generate(req))
         # A scoring request's answer is one chunk already: nothing to merge.
         return chunks[0] if len(chunks) == 1 else merge_outputs(chunks)

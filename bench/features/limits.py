@@ -4,11 +4,11 @@ max_top_logprobs and max_logprob_entries (engine/config.py) and max_request_byte
     python -m bench limits [--ks 20 100 1000] [--rows 2000] [--threads 2]
 
 Each case runs in a fresh process, as a worker runs it: the engine thread scores a `rows`+1-token prompt with
-top-k, builds the carriers (workers/convert.py), and the event loop hands them on while a ticker measures how
-long the loop is held at most. Reported: worker seconds (request in, carriers out) and CPU seconds (what a busy
-machine does not distort), the worker's extra peak
-memory (VmHWM after a reset, minus the resident set before), the pickled carriers (what Ray sends the
-ingress), the JSON body (what the client receives) and the time json.dumps takes to write it (json_s).
+top-k, its deltas are the carriers (RequestOutput, sent as they are), and the event loop hands them on while a
+ticker measures how long the loop is held at most. Reported: worker seconds (request in, carriers out) and CPU
+seconds (what a busy machine does not distort), the worker's extra peak memory (VmHWM after a reset, minus the
+resident set before), the pickled carriers (what Ray sends the ingress), the JSON body (what the client receives)
+and the time json.dumps takes to write it (json_s).
 """
 
 from __future__ import annotations
@@ -52,11 +52,10 @@ def _case(model: str, rows: int, k: int, threads: int, out: mp.Queue) -> None:
     from engine.config import EngineConfig
     from ingress.generate.render import chunk_json
     from protocol import merge_outputs
-    from workers.convert import to_chunk
 
     cfg = EngineConfig(model=model, device="cpu", num_threads=threads, kv_cache_bytes=256 << 20,
                        max_top_logprobs=1 << 20, max_logprob_entries=1 << 40)
-    engine = AsyncEngine(cfg, convert=to_chunk)
+    engine = AsyncEngine(cfg)
     ids = [(i * 7919) % 40000 + 100 for i in range(rows + 1)]
     asyncio.run(_run_one(engine, ids[:32], 5))  # warm-up: weights paged in, kernels chosen
     with open("/proc/self/clear_refs", "w") as f:

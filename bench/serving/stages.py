@@ -40,7 +40,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
                  "Metric._record")),
     ("JSON and rendering", ("json/", "render.py", "answer.py", "responses.py", "sse.py")),
     ("validation", ("validation.py", "schemas.py", "rulebook/", "pydantic", "lifecycle.py", "limits.py")),
-    ("rayscore worker code", ("workers/worker.py", "protocol/carriers.py", "workers/convert.py")),
+    ("rayscore worker code", ("workers/worker.py", "protocol/carriers.py")),
     ("rayscore ingress code", ("ingress/",)),
     ("Serve routing and handle calls", ("serve/handle.py", "serve/_private/router.py", "request_router",
                                         "replica_result.py", "ray/actor.py", "proxy_response_generator.py",

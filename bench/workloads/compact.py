@@ -41,7 +41,6 @@ def compute_answers(model: str, tokens: int, ks: list[int]) -> dict[str, Any]:
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from protocol.sampling import SamplingParams
-    from workers.convert import to_chunk
 
     eng = LLMEngine(EngineConfig(model=model, max_model_len=tokens + 8, max_top_logprobs=max(ks),
                                  max_logprob_entries=(tokens + 1) * (max(ks) + 1)))
@@ -53,7 +52,7 @@ def compute_answers(model: str, tokens: int, ks: list[int]) -> dict[str, Any]:
         teacher = replace(score, max_tokens=1, return_input_ranks=True)
         for route, params in (("generate", score), ("completions", teacher)):
             (res,) = eng.generate([ids], [params])
-            out["answers"][(route, k)] = to_chunk(res)
+            out["answers"][(route, k)] = res
     wanted = {t for chunk in out["answers"].values() for t in _chunk_ids(chunk)}
     out["texts"] = dict(zip(sorted(wanted), eng.tokenizer.batch_decode([[t] for t in sorted(wanted)]), strict=True))
     return out

@@ -3,11 +3,12 @@ coalesced into one call), and the worker calls they cost as Serve itself counts 
 deployment's request counter on Ray's Prometheus page, the calls made while serving a request (checks/serve_calls.py),
 before and after, over Serve's proxy's count of the HTTP requests. Beside it, the worker's own count of the
 request-carrying calls it took (WorkerStats.stream_calls + whole_calls) and the CPU milliseconds per request of the
-proxy and the ingress (bench/serving/serving_cpu.py). The ingress owns the text side (ingress/text.py), so text
-prompts, chat templates, echo and token texts cost no call of their own: every route should read 1.
+proxy, the ingress and the worker (bench/serving/serving_cpu.py). The ingress owns the text side (ingress/text.py),
+so text prompts, chat templates, echo and token texts cost no call of their own: every route should read 1.
 
 One app, one worker. The 48-token rows are the two shapes of workload 5's short requests: text to /v1/completions
-and ids to /generate.
+and ids to /generate, and the same ids to vLLM's token route (prompt_logprobs, one token) and streamed 16-token
+generations from them on /generate and the token route: where each route's corridor costs CPU (issue 51).
 """
 
 from __future__ import annotations
@@ -27,7 +28,23 @@ from checks import serve_calls
 
 NAME = "5 over HTTP, worker calls"
 APP = "calls"
-SERVING = ("proxy", "ingress")
+SERVING = ("proxy", "ingress", "worker")
+
+
+def _bench_routes(model: str, ids48: list[int]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The routes this bench adds to the bound's (checks/serve_calls.py): vLLM's token route on the 48 ids, and
+    streamed generation of the same length on it and on /generate."""
+    return {
+        "/inference/v1/generate, 48 ids, prompt_logprobs": ("/inference/v1/generate", {
+            "model": model, "token_ids": ids48,
+            "sampling_params": {"max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}}),
+        "/generate, 48 ids, streamed 16 tokens": ("/generate", {
+            "input_ids": ids48, "max_tokens": 16, "ignore_eos": True, "temperature": 0, "stream": True,
+            "return_logprob": True}),
+        "/inference/v1/generate, 48 ids, streamed 16 tokens": ("/inference/v1/generate", {
+            "model": model, "token_ids": ids48, "stream": True,
+            "sampling_params": {"max_tokens": 16, "ignore_eos": True, "temperature": 0, "logprobs": 0}}),
+    }
 
 
 def _calls(stats: Callable[[], Any]) -> int:
@@ -55,7 +72,8 @@ def measure(ctx: Context, url: str, metrics_url: str, interval_s: float, proxy_c
     with httpx.Client(timeout=600) as client:
         model = client.get(base + "/v1/models").json()["data"][0]["id"]
         per_route: dict[str, dict[str, float]] = {}
-        for name, (path, body) in serve_calls.routes(model, text48, ids48).items():
+        routes = {**serve_calls.routes(model, text48, ids48), **_bench_routes(model, ids48)}
+        for name, (path, body) in routes.items():
             for _ in range(2):  # warm-up: the ingress's tokenizer loads at its first text
                 serve_calls.post(client, base + path, body)
             served = serve_calls.settled(metrics_url, APP, interval_s)
@@ -73,6 +91,7 @@ def measure(ctx: Context, url: str, metrics_url: str, interval_s: float, proxy_c
             per_route[name] = {"serve_calls_per_request": got.request_calls / http, "serve_http_requests": http,
                                "serve_other_calls": got.other_calls, "worker_calls_per_request": own / n,
                                "proxy_cpu_ms": ms["proxy"], "ingress_cpu_ms": ms["ingress"],
+                               "worker_cpu_ms": ms["worker"],
                                "latency_ms": 1e3 * seconds / n}
     rows = []
     for name, got in per_route.items():
@@ -84,5 +103,7 @@ def measure(ctx: Context, url: str, metrics_url: str, interval_s: float, proxy_c
         rows.append(Row(NAME, f"proxy + ingress CPU-ms per request, {name}", "ms",
                         got["proxy_cpu_ms"] + got["ingress_cpu_ms"],
                         note=f"proxy {got['proxy_cpu_ms']:.1f}, ingress {got['ingress_cpu_ms']:.1f}"))
+        rows.append(Row(NAME, f"worker CPU-ms per request, {name}", "ms", got["worker_cpu_ms"],
+                        note="the EngineWorker replica's process: engine thread, torch threads, Ray's"))
     median_calls = statistics.median(g["serve_calls_per_request"] for g in per_route.values())
     return rows, {"requests_per_route": n, "routes": per_route, "median_calls": median_calls}

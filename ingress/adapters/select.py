@@ -13,14 +13,14 @@ from rulebook.adapters import UNKNOWN_ADAPTER, UNKNOWN_MODEL
 from rulebook.sglang import LORA_PATHS_DIFFER
 
 if TYPE_CHECKING:
-    from ingress.lifecycle import Batch
+    from ingress.lifecycle import Exchange
 
 
-async def served_model(backend: Backend, batch: Batch, model: str | None) -> ModelInfo:
+async def served_model(backend: Backend, exchange: Exchange, model: str | None) -> ModelInfo:
     """The one preamble of the routes whose body names a `model` (OpenAI's and vLLM's shapes): the served model's
-    info, with the adapter `model` names set on the batch (a 404 naming what is served for any other name)."""
+    info, with the adapter `model` names set on the exchange (a 404 naming what is served for any other name)."""
     info = await backend.model_info()
-    batch.adapter = await adapter_for_model(backend, model, info)
+    exchange.adapter = await adapter_for_model(backend, model, info)
     return info
 
 

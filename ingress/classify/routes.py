@@ -1,7 +1,7 @@
 """POST /classify (vLLM's and SGLang's shapes) and POST /pooling (vLLM's) over the same Backend and request
 lifecycle as every other route: limits, admission as one unit, batching with other requests in the worker's
 engine, a client gone aborts its requests. Each prompt is one worker request with PoolingParams, whose
-answer is the classifier's raw scores at transformers' pooled position (GenerateChunk.pooled).
+answer is the classifier's raw scores at transformers' pooled position (RequestOutput.pooled).
 
 - vLLM /classify: `data[i] = {index, label, probs, num_classes}`; probs through vLLM's activation unless
   `use_activation` is false (activation.py); label = id2label of the largest.
@@ -30,8 +30,8 @@ from ingress.classify.validation import (
 )
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer, enforce
-from ingress.lifecycle import Batch, Lifecycle, all_or_none
-from protocol import GenerateChunk, GenerateRequest, ModelInfo, PoolingParams, SamplingParams
+from ingress.lifecycle import Exchange, Lifecycle, all_or_none
+from protocol import GenerateRequest, ModelInfo, PoolingParams, RequestOutput, SamplingParams
 from rulebook import pooling, rules
 
 CLASSIFY = SamplingParams(max_tokens=0, pooling=PoolingParams())
@@ -45,63 +45,67 @@ class ClassifyRoutes:
         self._lifecycle = lifecycle
 
     async def classify(self, body: ClassifyBody, request: Request) -> Response:
-        return await self._lifecycle.run(request, lambda batch: self._classify(body, batch))
+        return await self._lifecycle.run(request, lambda exchange: self._classify(body, exchange))
 
     async def pooling(self, body: PoolingBody, request: Request) -> Response:
-        return await self._lifecycle.run(request, lambda batch: self._pooling(body, batch))
+        return await self._lifecycle.run(request, lambda exchange: self._pooling(body, exchange))
 
-    async def _classify(self, body: ClassifyBody, batch: Batch) -> Response:
+    async def _classify(self, body: ClassifyBody, exchange: Exchange) -> Response:
         info = await self._backend.model_info()
         if is_sglang(body):
-            return await self._sglang(body, batch, info)
-        batch.adapter = await adapter_for_model(self._backend, body.model, info)
+            return await self._sglang(body, exchange, info)
+        exchange.adapter = await adapter_for_model(self._backend, body.model, info)
         check_classifier(info, "/classify route")
         assert body.input is not None  # is_sglang: vLLM's shape has its input
-        wholes, ids = await self._run(body.input, body.add_special_tokens, batch, info, "classify")
+        answers, ids = await self._run(body.input, body.add_special_tokens, exchange, info, "classify")
         data = []
-        for i, whole in enumerate(wholes):
+        for i, whole in enumerate(answers):
             probs = _values(whole, info, body.use_activation)
             label = info.id2label.get(predicted(probs))
             data.append({"index": i, "label": label, "probs": probs, "num_classes": len(probs)})
         return JSONAnswer(_listing(f"classify-{_base()}", info, data, ids))
 
-    async def _pooling(self, body: PoolingBody, batch: Batch) -> Response:
-        info = await served_model(self._backend, batch, body.model)
+    async def _pooling(self, body: PoolingBody, exchange: Exchange) -> Response:
+        info = await served_model(self._backend, exchange, body.model)
         check_classifier(info, "/pooling route")
         if body.task not in (None, "classify"):
             raise InvalidRequest(pooling.POOLING_TASK.format(task=body.task), param="task")
         if body.encoding_format != "float":
             raise InvalidRequest(pooling.ENCODING_FORMAT.format(value=body.encoding_format), param="encoding_format")
-        wholes, ids = await self._run(body.input, body.add_special_tokens, batch, info, "pool")
+        answers, ids = await self._run(body.input, body.add_special_tokens, exchange, info, "pool")
         data = [{"index": i, "object": "pooling", "data": _values(whole, info, body.use_activation)}
-                for i, whole in enumerate(wholes)]
+                for i, whole in enumerate(answers)]
         return JSONAnswer(_listing(f"pool-{_base()}", info, data, ids))
 
-    async def _sglang(self, body: ClassifyBody, batch: Batch, info: ModelInfo) -> Response:
+    async def _sglang(self, body: ClassifyBody, exchange: Exchange, info: ModelInfo) -> Response:
         check_classifier(info, "/classify route")
         prompts, many = sglang_prompts(body)
         rids = sglang_rids(body.rid, len(prompts), many, _base())
         ids = await self._ids(prompts, True, info, "text" if body.text is not None else "input_ids")
-        wholes = await batch.answers([GenerateRequest(rid=rid, input_ids=p, params=CLASSIFY)
-                                      for rid, p in zip(rids, ids, strict=True)], info)
-        answers = [{"embedding": _raw(whole),
-                    "meta_info": {"id": rid, "prompt_tokens": whole.prompt_tokens,
-                                  "cached_tokens": whole.cached_tokens, "weight_version": whole.weight_version}}
-                   for rid, whole in zip(rids, wholes, strict=True)]
-        return JSONAnswer(answers if many else answers[0])
+        answers = await exchange.answers([GenerateRequest(rid=rid, input_ids=p, params=CLASSIFY)
+                                          for rid, p in zip(rids, ids, strict=True)], info)
+        bodies = [{"embedding": _raw(whole),
+                   "meta_info": {"id": rid, "prompt_tokens": whole.prompt_tokens,
+                                 "cached_tokens": whole.cached_tokens, "weight_version": whole.weight_version}}
+                  for rid, whole in zip(rids, answers, strict=True)]
+        return JSONAnswer(bodies if many else bodies[0])
 
-    async def _run(self, value: Input, special: bool, batch: Batch, info: ModelInfo,
-                   prefix: str) -> tuple[list[GenerateChunk], list[list[int]]]:
+    async def _run(self, value: Input, special: bool, exchange: Exchange, info: ModelInfo,
+                   prefix: str) -> tuple[list[RequestOutput], list[list[int]]]:
         """vLLM's input -> one classify request per prompt, answered by one unary worker call."""
         ids = await self._ids(vllm_prompts(value), special, info, "input")
         base = f"{prefix}-{_base()}"
         reqs = [GenerateRequest(rid=f"{base}-{i}", input_ids=p, params=CLASSIFY) for i, p in enumerate(ids)]
-        return await batch.answers(reqs, info), ids
+        return await exchange.answers(reqs, info), ids
 
     async def _ids(self, prompts: list[str] | list[list[int]], special: bool, info: ModelInfo,
                    param: str) -> list[list[int]]:
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
             if isinstance(prompt, str):
+                # "" is refused as every route refuses it, whatever the tokenizer adds (with a BOS it would classify
+                # the BOS alone).
+                if (empty := rules.empty_prompt(prompt)) is not None:
+                    raise InvalidRequest(pooling.PROMPT_I.format(i=i, message=empty.message), param=param)
                 enforce(rules.untokenizable(prompt, info.max_model_len, info.prompt_chars_per_token, param), param)
         ids = await all_or_none(self._tokens(p, special) for p in prompts)
         for i, p in enumerate(ids):
@@ -112,12 +116,12 @@ class ClassifyRoutes:
         return await self._backend.tokenize(prompt, special) if isinstance(prompt, str) else list(prompt)
 
 
-def _raw(whole: GenerateChunk) -> list[float]:
+def _raw(whole: RequestOutput) -> list[float]:
     assert whole.pooled is not None, "a classify request's answer carries its scores"
     return whole.pooled
 
 
-def _values(whole: GenerateChunk, info: ModelInfo, use_activation: bool | None) -> list[float]:
+def _values(whole: RequestOutput, info: ModelInfo, use_activation: bool | None) -> list[float]:
     raw = _raw(whole)
     return raw if use_activation is False else activate(raw, info.problem_type)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingress.backend import Backend
-from protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
+from protocol import GenerateRequest, ModelInfo, RequestOutput, SamplingParams
 
 
 @dataclass
@@ -68,14 +68,14 @@ class RecordingBackend:
             record.model = info.model_name
         return info
 
-    def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+    def stream(self, req: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         return self._recorded(req, self._backend.stream(req))
 
-    def streams(self, reqs: list[GenerateRequest]) -> list[AsyncGenerator[GenerateChunk, None]]:
+    def streams(self, reqs: list[GenerateRequest]) -> list[AsyncGenerator[RequestOutput, None]]:
         return [self._recorded(req, inner) for req, inner in zip(reqs, self._backend.streams(reqs), strict=True)]
 
     async def _recorded(self, req: GenerateRequest,
-                        inner: AsyncGenerator[GenerateChunk, None]) -> AsyncGenerator[GenerateChunk, None]:
+                        inner: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[RequestOutput, None]:
         record = _current.get()
         if record is not None:
             record.kind = _kind(req.params)
@@ -90,19 +90,19 @@ class RecordingBackend:
             # Closing this stream must close (and so abort) the worker's, as Backend.stream promises.
             await inner.aclose()
 
-    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+    async def answers(self, reqs: list[GenerateRequest]) -> list[RequestOutput]:
         record = _current.get()
         if record is not None:
             for req in reqs:
                 record.kind = _kind(req.params)
-        wholes = await self._backend.answers(reqs)
+        answers = await self._backend.answers(reqs)
         if record is not None:
-            for whole in wholes:
+            for whole in answers:
                 if whole.finished:
                     record.prompt_tokens += whole.prompt_tokens
                     record.completion_tokens += whole.completion_tokens
                     record.finish_reason = whole.finish_reason.type if whole.finish_reason else ""
-        return wholes
+        return answers
 
     def __getattr__(self, name: str) -> Any:
         # ready, tokenize, detokenize, token_texts, tokenizer_info: nothing to record.

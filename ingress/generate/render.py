@@ -1,4 +1,4 @@
-"""/generate's payloads: a GenerateChunk -> the contract's JSON answer or event, and its error body.
+"""/generate's payloads: a RequestOutput -> the contract's JSON answer or event, and its error body.
 
 A chunk is already a delta (protocol/carriers.py), so one chunk is one event and a merged chunk is the whole
 answer: the same function renders both. None ("not requested") and [] ("requested, empty") pass
@@ -12,7 +12,7 @@ from typing import Any
 from ingress.errors import IngressError
 from ingress.finish import seed_finish
 from ingress.sse import sse_data
-from protocol import GenerateChunk, compact
+from protocol import RequestOutput, compact
 
 # meta_info's logprob fields: one entry per position, and a list of entries per position.
 TOKEN_ROWS = ("input_token_logprobs", "output_token_logprobs")
@@ -29,14 +29,14 @@ def flat_meta(meta: dict[str, Any]) -> None:
                         else compact.encode_top_rows(name, rows))
 
 
-def chunk_json(chunk: GenerateChunk, flat: bool = False) -> dict[str, Any]:
+def chunk_json(chunk: RequestOutput, flat: bool = False) -> dict[str, Any]:
     """The contract's answer for one chunk (streamed event) or one merged chunk (whole answer); flat: the logprobs
     in the compact encoding."""
     answer = {
         "text": chunk.text,
-        "output_ids": chunk.output_ids,
+        "output_ids": chunk.new_token_ids,
         "meta_info": {
-            "id": chunk.rid,
+            "id": chunk.request_id,
             "finish_reason": seed_finish(chunk),
             "prompt_tokens": chunk.prompt_tokens,
             "completion_tokens": chunk.completion_tokens,
@@ -59,7 +59,7 @@ def chunk_json(chunk: GenerateChunk, flat: bool = False) -> dict[str, Any]:
     return answer
 
 
-def sse_event(chunk: GenerateChunk, flat: bool = False) -> str:
+def sse_event(chunk: RequestOutput, flat: bool = False) -> str:
     return sse_data(chunk_json(chunk, flat))
 
 

@@ -1,68 +1,44 @@
-"""POST /generate: the contract's route, one prompt or SGLang's batch of prompts, over the shared lifecycle.
-
-One path, two dialects: a body with `sampling_params` or `text` is SGLang's native shape (ingress/sglang/), any other
-the seed's LMDeploy shape (the contract). The body is read here, once, and validated against its dialect's model.
+"""POST /generate: the contract's route (the seed's LMDeploy shape), one prompt or a batch of prompts, over the
+shared lifecycle. The body is read once and validated against the contract's model here. SGLang's body on the same
+path is SGLang's router's (ingress/sglang/router.py); app.py puts both on it (ingress/edge/shared_path.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.responses import Response
 
 from ingress.adapters.select import adapter_by_name, lora_name
 from ingress.backend import Backend
-from ingress.canonical import check_causal, check_tokenized
 from ingress.edge.openapi import error_responses
-from ingress.errors import IngressError, InvalidRequest, JSONAnswer, located
-from ingress.generate.render import chunk_json, error_json, sse_event
+from ingress.edge.shared_path import Dialect, shared_path_router
+from ingress.errors import InvalidRequest, JSONAnswer, located
+from ingress.generate.render import chunk_json, sse_event
 from ingress.generate.schemas import ErrorBody as ErrorModel
 from ingress.generate.schemas import GenerateBody, GenerateResponse
 from ingress.generate.validation import split_batch, to_request, validate, validate_batch
-from ingress.lifecycle import Batch, Lifecycle
-from ingress.retry import RetryCounter
-from ingress.settings import IngressSettings
-from ingress.sglang.routes import SGLangGenerate
-from ingress.sglang.schemas import SGLangBody
-from ingress.sglang.translate import SamplingTypeError, parse
+from ingress.lifecycle import Exchange, Lifecycle
+from ingress.request_checks import check_causal, check_tokenized
 from ingress.sse import SSE_DONE, sse_data
-from protocol import GenerateChunk, GenerateRequest, ModelInfo
+from protocol import GenerateRequest, ModelInfo, RequestOutput
 from rulebook import generate_fields, rules
-from rulebook import sglang as sg
 from rulebook.adapters import ADAPTER_TWICE
-
-
-def body_schema() -> dict[str, Any]:
-    """The request body of /generate for OpenAPI: either dialect's shape (both models are flat, so they inline)."""
-    return {"required": True, "content": {"application/json": {"schema": {"anyOf": [
-        GenerateBody.model_json_schema(), SGLangBody.model_json_schema()]}}}}
 
 
 class GenerateRoutes:
     """Route handlers bound to one backend; the FastAPI app is only their wiring."""
 
-    def __init__(self, backend: Backend, settings: IngressSettings, retries: RetryCounter) -> None:
+    def __init__(self, backend: Backend, lifecycle: Lifecycle) -> None:
         self._backend = backend
-        self._lifecycle = Lifecycle(backend, error_json, settings, retries)
-        self._sglang = SGLangGenerate(backend, self._lifecycle)
+        self._lifecycle = lifecycle
 
-    async def generate(self, request: Request, raw: Annotated[dict[str, Any], Body()]) -> Response:
-        # FastAPI reads the body as a JSON object (its own 422 otherwise); the dialect's model validates it here.
-        if sg.is_sglang(raw):
-            try:
-                parsed = parse(raw)
-            except IngressError as exc:
-                return self._lifecycle.answer(exc)
-            except ValidationError as exc:
-                raise RequestValidationError(located(exc.errors(include_url=False), "body")) from exc
-            except SamplingTypeError as exc:
-                raise RequestValidationError(located(exc.errors, "body")) from exc
-            return await self._sglang.generate(parsed, request)
+    async def generate(self, request: Request, raw: dict[str, Any]) -> Response:
         try:
             body = GenerateBody.model_validate(raw)
         except ValidationError as exc:
@@ -72,16 +48,16 @@ class GenerateRoutes:
         broken = next((v for v in undeclared if v is not None), None)
         if broken is not None:
             return self._lifecycle.answer(InvalidRequest(broken.message, param=broken.param))
-        return await self._lifecycle.run(request, lambda batch: self._generate(body, batch))
+        return await self._lifecycle.run(request, lambda exchange: self._generate(body, exchange))
 
-    async def _generate(self, body: GenerateBody, batch: Batch) -> Response:
+    async def _generate(self, body: GenerateBody, exchange: Exchange) -> Response:
         """One prompt (the batch of one), or SGLang's batch: a list of prompts, one worker request each, admitted
         as one unit so the prefix cache shares what they have in common. Streamed, all are one streaming worker call
-        (Batch.open: a stream each); not streamed, all go in one unary worker call (Batch.answers), the cheapest way
-        through Serve."""
+        (Exchange.open: a stream each); not streamed, all go in one unary worker call (Exchange.answers), the
+        cheapest way through Serve."""
         info = await self._backend.model_info()
         check_causal(info, "/generate")
-        batch.adapter = await adapter_by_name(self._backend, *_adapter_field(body))
+        exchange.adapter = await adapter_by_name(self._backend, *_adapter_field(body))
         items = split_batch(body)
         if items is None:
             validate(body, info)
@@ -90,13 +66,13 @@ class GenerateRoutes:
         requests = await self._requests(items or [body], info)
         flat = bool(body.return_flat_logprobs_b64)
         if body.stream:
-            batch.open(requests, info)
-            firsts = await batch.firsts()
-            return batch.stream(_events(firsts, batch, indexed=items is not None, flat=flat))
-        wholes = await batch.answers(requests, info)  # one unary worker call for the whole batch
+            exchange.open(requests, info)
+            first_chunks = await exchange.first_chunks()
+            return exchange.stream(_events(first_chunks, exchange, indexed=items is not None, flat=flat))
+        answers = await exchange.answers(requests, info)  # one unary worker call for the whole batch
         if items is None:
-            return JSONAnswer(chunk_json(wholes[0], flat))
-        return JSONAnswer([chunk_json(whole, flat) for whole in wholes])
+            return JSONAnswer(chunk_json(answers[0], flat))
+        return JSONAnswer([chunk_json(whole, flat) for whole in answers])
 
 
     async def _requests(self, bodies: list[GenerateBody], info: ModelInfo) -> list[GenerateRequest]:
@@ -126,29 +102,29 @@ def _adapter_field(body: GenerateBody) -> tuple[str | None, str]:
     return (body.adapter, "adapter") if body.adapter is not None else (lora_name(body.lora_path), "lora_path")
 
 
-async def _events(firsts: list[GenerateChunk], batch: Batch, indexed: bool, flat: bool = False
+async def _events(first_chunks: list[RequestOutput], exchange: Exchange, indexed: bool, flat: bool = False
                   ) -> AsyncGenerator[str, None]:
     """One event per worker chunk, then one `[DONE]`; a failure once bytes are out is the final `error` event.
     A batch's events name their item (`index`): the first chunks in order, then as they arrive."""
 
-    def event(i: int, chunk: GenerateChunk) -> str:
+    def event(i: int, chunk: RequestOutput) -> str:
         return sse_data({**chunk_json(chunk, flat), "index": i}) if indexed else sse_event(chunk, flat)
 
-    for i, chunk in enumerate(firsts):
+    for i, chunk in enumerate(first_chunks):
         yield event(i, chunk)
-    async with contextlib.aclosing(batch.rest()) as rest:
-        async for i, chunk in rest:
+    async with contextlib.aclosing(exchange.later_chunks()) as later:
+        async for i, chunk in later:
             yield event(i, chunk)
     yield SSE_DONE
 
 
-def generate_router(backend: Backend, settings: IngressSettings, retries: RetryCounter) -> APIRouter:
-    """POST /generate over `backend`, for `app.include_router`."""
-    routes = GenerateRoutes(backend, settings, retries)
-    router = APIRouter()
-    router.add_api_route(
-        "/generate", routes.generate, methods=["POST"], response_model=None,
-        openapi_extra={"requestBody": body_schema()},
+def generate_router(backend: Backend, lifecycle: Lifecycle, others: tuple[Dialect, ...] = ()) -> APIRouter:
+    """POST /generate over `backend`, for `app.include_router`: the contract's bodies, and those that a dialect of
+    `others` claims (SGLang's) answered by that dialect; `lifecycle` has the contract's error body."""
+    routes = GenerateRoutes(backend, lifecycle)
+    own = Dialect(handle=routes.generate, body_schema=GenerateBody.model_json_schema())
+    return shared_path_router(
+        "/generate", own, others, name="generate",
         summary="Generate from, or score, a prompt or a batch of prompts (the seed's shape, or SGLang's: "
                 "a body with sampling_params or text)",
         responses={
@@ -158,4 +134,3 @@ def generate_router(backend: Backend, settings: IngressSettings, retries: RetryC
                                  "server-sent events of deltas ending in [DONE] (a batch's events carry `index`)."},
             **error_responses(ErrorModel, body=True, generates=True, own_422=False),
         })
-    return router

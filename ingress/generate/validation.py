@@ -1,5 +1,5 @@
 """The seed /generate dialect's parse: the body -> its canonical request (to_request), checked by the contract's 400
-rules on that request (ingress/canonical.py, in the contract's order: first failure wins).
+rules on that request (ingress/request_checks.py, in the contract's order: first failure wins).
 
 Pure functions of the body and the worker's ModelInfo: no I/O, so they are tested exactly and alone.
 The rules the engine checks too are the rulebook's (rulebook/rules.py), with its messages; rule 12 (sampling
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import uuid
 
-from ingress.canonical import check_prompt
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, enforce
 from ingress.generate.schemas import GenerateBody
+from ingress.request_checks import check_prompt
 from protocol import GenerateRequest, ModelInfo, SamplingParams
 from protocol.sampling import split_token_ids, stop_list
 from rulebook import rules
@@ -23,11 +23,11 @@ from rulebook import rules
 
 def validate(body: GenerateBody, info: ModelInfo, prompt_len: int | None = None) -> None:
     """Raise InvalidRequest with the first failing rule's message; return when the body is valid: the body's
-    prompt and parameters against the contract's rules (ingress/canonical.py), image input at rule 7's place.
+    prompt and parameters against the contract's rules (ingress/request_checks.py), image input at rule 7's place.
 
     `prompt_len` is the token count of a text prompt when the caller knows it. The seed route does not before it
     tokenizes the checked text (ingress/generate/routes.py), so it checks rule 11 on the ids then
-    (canonical.check_tokenized).
+    (request_checks.check_tokenized).
     """
     enforce(rules.token_id_shapes_mixed(body.token_ids_logprob))
     # A single body's prompt (a batch's lists reach here only beside the other form, which rule 4 refuses first).

@@ -20,11 +20,10 @@ from starlette.responses import Response
 
 from ingress.adapters.select import served_model
 from ingress.backend import Backend
-from ingress.canonical import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer, enforce
 from ingress.images import ImageBlob, expanded, image_limits, vision_ids
-from ingress.lifecycle import Batch, Lifecycle
+from ingress.lifecycle import Exchange, Lifecycle
 from ingress.limits import check_limits
 from ingress.openai.render.chat import ChatChoice
 from ingress.openai.render.common import completion_json, usage_json
@@ -41,10 +40,11 @@ from ingress.openai.validation import (
     vllm_fields,
 )
 from ingress.output.token_texts import token_texts
+from ingress.request_checks import check_causal
 from ingress.sse import sse_data
 from ingress.text import IMAGE_MARKER
 from ingress.vllm.media import part_image
-from protocol import ChatPrompt, GenerateChunk, GenerateRequest, ImageData, ModelInfo, SamplingParams
+from protocol import ChatPrompt, GenerateRequest, ImageData, ModelInfo, RequestOutput, SamplingParams
 from rulebook import images as img
 from rulebook import openai as msg
 from rulebook import vllm_media as vm
@@ -157,16 +157,16 @@ class ChatRoutes:
         self._lifecycle = lifecycle
 
     async def chat(self, body: ChatBody, request: Request) -> Response:
-        return await self._lifecycle.run(request, lambda batch: self._chat(body, batch))
+        return await self._lifecycle.run(request, lambda exchange: self._chat(body, exchange))
 
-    async def _chat(self, body: ChatBody, batch: Batch) -> Response:
-        info = await served_model(self._backend, batch, body.model)
+    async def _chat(self, body: ChatBody, exchange: Exchange) -> Response:
+        info = await served_model(self._backend, exchange, body.model)
         settings = validate_chat(body, info)
         check_causal(info, "/v1/chat/completions")
         images: list[ImageData] = []
         if settings.images:
             enforce(img.no_images_here(len(settings.images), info.takes_images, "messages"))
-            images = await self._backend.prepare_images(settings.images, image_limits(batch.settings), "messages")
+            images = await self._backend.prepare_images(settings.images, image_limits(exchange.settings), "messages")
         prompt = await (self._backend.apply_chat_template(settings.messages, vision_ids(info)) if images
                         else self._backend.apply_chat_template(settings.messages))
         if prompt.error is not None:
@@ -186,21 +186,21 @@ class ChatRoutes:
             params = scoring_params(params, settings.vllm)
         requests = [GenerateRequest(rid=cid, input_ids=prompt.ids, params=params, images=images or None)]
         if settings.vllm.prompt_logprobs is not None:  # its over-limit 400 names the field that asked
-            check_limits(requests, batch.settings, info, param="prompt_logprobs")
+            check_limits(requests, exchange.settings, info, param="prompt_logprobs")
         choice = ChatChoice(prompt.ids, settings.logprobs, settings.vllm, echo=settings.echo)
         if settings.stream:
-            batch.open(requests, info)
-            firsts = await batch.firsts()
-            return batch.stream(self._events(head, choice, firsts, batch, settings.include_usage))
-        (whole,) = await batch.answers(requests, info)  # one unary worker call
+            exchange.open(requests, info)
+            first_chunks = await exchange.first_chunks()
+            return exchange.stream(self._events(head, choice, first_chunks, exchange, settings.include_usage))
+        (whole,) = await exchange.answers(requests, info)  # one unary worker call
         texts = await token_texts(self._backend, choice.needed_ids(whole))
         extra = choice.answer_fields(whole, texts)
         out = choice.render(whole, texts, stream=False)
         return JSONAnswer({**completion_json(*head, [out], usage_json([choice]), obj="chat.completion"), **extra})
 
-    def _events(self, head: Head, choice: ChatChoice, firsts: list[GenerateChunk], batch: Batch,
+    def _events(self, head: Head, choice: ChatChoice, first_chunks: list[RequestOutput], exchange: Exchange,
                 with_usage: bool) -> AsyncGenerator[str, None]:
-        async def event(_: int, chunk: GenerateChunk) -> str:
+        async def event(_: int, chunk: RequestOutput) -> str:
             texts = await token_texts(self._backend, choice.needed_ids(chunk))
             extra = choice.answer_fields(chunk, texts)  # a stream has no prompt_logprobs (vLLM's rule)
             delta = choice.render(chunk, texts, stream=True)
@@ -210,4 +210,4 @@ class ChatRoutes:
         def usage() -> str:
             return sse_data(completion_json(*head, [], usage_json([choice]), obj="chat.completion.chunk"))
 
-        return openai_events(head[0], firsts, batch, event, [0], usage if with_usage else None)
+        return openai_events(head[0], first_chunks, exchange, event, [0], usage if with_usage else None)

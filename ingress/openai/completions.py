@@ -19,10 +19,9 @@ from starlette.responses import Response
 
 from ingress.adapters.select import served_model
 from ingress.backend import Backend
-from ingress.canonical import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer, enforce
-from ingress.lifecycle import Batch, Lifecycle, all_or_none
+from ingress.lifecycle import Exchange, Lifecycle, all_or_none
 from ingress.limits import check_limits
 from ingress.openai.render.common import completion_json, echo_only_chunk, usage_json
 from ingress.openai.render.completions import ChoiceBuilder
@@ -40,8 +39,9 @@ from ingress.openai.validation import (
     vllm_fields,
 )
 from ingress.output.token_texts import token_texts
+from ingress.request_checks import check_causal
 from ingress.sse import sse_data
-from protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams
+from protocol import GenerateRequest, ModelInfo, RequestOutput, SamplingParams
 from rulebook import openai as msg
 from rulebook import rules
 
@@ -122,14 +122,14 @@ class CompletionRoutes:
         self._lifecycle = lifecycle
 
     async def completions(self, body: CompletionBody, request: Request) -> Response:
-        return await self._lifecycle.run(request, lambda batch: self._complete(body, batch))
+        return await self._lifecycle.run(request, lambda exchange: self._complete(body, exchange))
 
-    async def _complete(self, body: CompletionBody, batch: Batch) -> Response:
-        info = await served_model(self._backend, batch, body.model)
+    async def _complete(self, body: CompletionBody, exchange: Exchange) -> Response:
+        info = await served_model(self._backend, exchange, body.model)
         settings = validate_completion(body, info)
         check_causal(info, "/v1/completions")
         items = prompt_items(body.prompt)
-        batch.check_fan_out(len(items))  # counted from the body: before any text is tokenized
+        exchange.check_fan_out(len(items))  # counted from the body: before any text is tokenized
         ids_list = await self._ids(items, info)
         for i, ids in enumerate(ids_list):
             check_prompt(i if len(items) > 1 else None, ids, settings.params.max_tokens, info)
@@ -144,22 +144,22 @@ class CompletionRoutes:
         requests = {i: req for i, ids in enumerate(ids_list)
                     if (req := prompt_request(f"{cid}-{i}", ids, settings)) is not None}
         if settings.vllm.prompt_logprobs is not None:  # its over-limit 400 names the field that asked
-            check_limits(list(requests.values()), batch.settings, info, param="prompt_logprobs")
+            check_limits(list(requests.values()), exchange.settings, info, param="prompt_logprobs")
         # The echoed text of prompts sent as ids is decoded while the worker answers.
         echoed = self._prompt_texts(choices, items, settings)
         if settings.stream:
-            batch.open(list(requests.values()), info)
-            worker_firsts, _ = await all_or_none([batch.firsts(), echoed])
-        else:  # one unary worker call for every prompt (Batch.answers)
-            worker_firsts, _ = await all_or_none([batch.answers(list(requests.values()), info), echoed])
-        by_choice = dict(zip(requests, worker_firsts, strict=True))
-        firsts = [by_choice.get(i) or echo_only_chunk(f"{i}", len(c.prompt_ids)) for i, c in enumerate(choices)]
+            exchange.open(list(requests.values()), info)
+            from_worker, _ = await all_or_none([exchange.first_chunks(), echoed])
+        else:  # one unary worker call for every prompt (Exchange.answers)
+            from_worker, _ = await all_or_none([exchange.answers(list(requests.values()), info), echoed])
+        by_choice = dict(zip(requests, from_worker, strict=True))
+        # Each choice's first chunk (streamed) or whole answer (not streamed).
+        per_choice = [by_choice.get(i) or echo_only_chunk(f"{i}", len(c.prompt_ids)) for i, c in enumerate(choices)]
         if settings.stream:
-            return batch.stream(self._events(head, choices, firsts, list(requests), batch, settings))
-        wholes = firsts
-        needed = set().union(*(c.needed_ids(w) for c, w in zip(choices, wholes, strict=True)))
+            return exchange.stream(self._events(head, choices, per_choice, list(requests), exchange, settings))
+        needed = set().union(*(c.needed_ids(w) for c, w in zip(choices, per_choice, strict=True)))
         texts = await token_texts(self._backend, needed)
-        out = [c.delta(w, texts) for c, w in zip(choices, wholes, strict=True)]
+        out = [c.delta(w, texts) for c, w in zip(choices, per_choice, strict=True)]
         return JSONAnswer(completion_json(*head, out, usage_json(choices)))
 
     async def _ids(self, items: list[str | list[int]], info: ModelInfo) -> list[list[int]]:
@@ -183,16 +183,16 @@ class CompletionRoutes:
         for c, text in zip(todo, texts, strict=True):
             c.prompt_text = text
 
-    def _events(self, head: Head, choices: list[ChoiceBuilder], firsts: list[GenerateChunk],
-                      choice_of: list[int], batch: Batch, settings: CompletionSettings) -> AsyncGenerator[str, None]:
+    def _events(self, head: Head, choices: list[ChoiceBuilder], first_chunks: list[RequestOutput],
+                choice_of: list[int], exchange: Exchange, settings: CompletionSettings) -> AsyncGenerator[str, None]:
         """Each prompt's chunks as OpenAI chunks (each names its choice `index`), then usage when asked for."""
         with_usage = settings.include_usage
 
-        async def event(i: int, chunk: GenerateChunk) -> str:
+        async def event(i: int, chunk: RequestOutput) -> str:
             texts = await token_texts(self._backend, choices[i].needed_ids(chunk))
             return sse_data(completion_json(*head, [choices[i].delta(chunk, texts)], with_usage=with_usage))
 
         def usage() -> str:
             return sse_data(completion_json(*head, [], usage_json(choices)))
 
-        return openai_events(head[0], firsts, batch, event, choice_of, usage if with_usage else None)
+        return openai_events(head[0], first_chunks, exchange, event, choice_of, usage if with_usage else None)

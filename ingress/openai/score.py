@@ -25,13 +25,13 @@ from starlette.responses import Response
 
 from ingress.adapters.select import served_model
 from ingress.backend import Backend
-from ingress.canonical import check_causal
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, JSONAnswer, enforce
-from ingress.lifecycle import Batch, Lifecycle
+from ingress.lifecycle import Exchange, Lifecycle
 from ingress.openai.schemas.score import ScoreBody
 from ingress.openai.validation import check_text
-from protocol import GenerateChunk, GenerateRequest, ModelInfo, SamplingParams, compact
+from ingress.request_checks import check_causal
+from protocol import GenerateRequest, ModelInfo, RequestOutput, SamplingParams, compact
 from rulebook import limits
 from rulebook import openai as msg
 from rulebook.rules import TOKEN_OUT_OF_RANGE
@@ -83,7 +83,7 @@ def label_request(rid: str, ids: list[int], labels: list[int]) -> GenerateReques
     return GenerateRequest(rid=rid, input_ids=[*ids, labels[0]], params=params)
 
 
-def label_values(whole: GenerateChunk, labels: list[int]) -> list[float]:
+def label_values(whole: RequestOutput, labels: list[int]) -> list[float]:
     """The labels' values from the item's one row, in the body's order (a label may repeat)."""
     row = whole.input_token_ids_logprobs[0]  # type: ignore[index]  # one scored row, with token_ids_logprob
     by_id = {int(t): float(v) for v, t in row}
@@ -108,25 +108,25 @@ class ScoreRoutes:
         self._lifecycle = lifecycle
 
     async def score(self, body: ScoreBody, request: Request) -> Response:
-        return await self._lifecycle.run(request, lambda batch: self._score(body, batch))
+        return await self._lifecycle.run(request, lambda exchange: self._score(body, exchange))
 
-    async def _score(self, body: ScoreBody, batch: Batch) -> Response:
-        info = await served_model(self._backend, batch, body.model)
+    async def _score(self, body: ScoreBody, exchange: Exchange) -> Response:
+        info = await served_model(self._backend, exchange, body.model)
         query, items = validate_score(body, info)
         check_causal(info, "/v1/score")
         labels = body.label_token_ids or []
         # Counted from the body, before any text is tokenized: one worker request per item, one row reporting every
         # label.
-        enforce(limits.field_over("number of label_token_ids", len(labels), batch.settings.max_token_ids_logprob,
+        enforce(limits.field_over("number of label_token_ids", len(labels), exchange.settings.max_token_ids_logprob,
                                   "max_token_ids_logprob"), param="label_token_ids")
-        batch.check_fan_out(len(items))
+        exchange.check_fan_out(len(items))
         prompts = await self._prompts(query, items, body.item_first, info)
         for i, ids in enumerate(prompts):
             check_prompt_len(i, ids, info)
         sid = f"score-{current_request_id() or uuid.uuid4().hex}"
-        wholes = await batch.answers([label_request(f"{sid}-{i}", ids, labels)  # one unary worker call
+        answers = await exchange.answers([label_request(f"{sid}-{i}", ids, labels)  # one unary worker call
                                       for i, ids in enumerate(prompts)], info)
-        scores = [probabilities(label_values(whole, labels), body.apply_softmax) for whole in wholes]
+        scores = [probabilities(label_values(whole, labels), body.apply_softmax) for whole in answers]
         n = sum(len(ids) for ids in prompts)
         usage = {"prompt_tokens": n, "completion_tokens": 0, "total_tokens": n}
         out: dict = {"scores": scores, "model": info.model_name, "usage": usage, "object": "scoring"}

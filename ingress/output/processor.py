@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ingress.output.detokenizer import IncrementalDetokenizer
-from protocol import FinishReason, GenerateChunk, SamplingParams
+from protocol import FinishReason, RequestOutput, SamplingParams
 
 Tokenizer = Callable[[], Awaitable[Any]]
 
@@ -39,10 +39,10 @@ class OutputProcessor:
         """A stop string ended the answer: the worker's request must be ended too (its call closed)."""
         return self._detok is not None and self._detok.stopped_by is not None
 
-    async def feed(self, chunk: GenerateChunk) -> GenerateChunk:
+    async def feed(self, chunk: RequestOutput) -> RequestOutput:
         """`chunk` with its text; a chunk in which a stop string completes is the answer's last: the ids and logprob
         rows after the stopping token are dropped and the finish says which string matched."""
-        got = chunk.output_ids
+        got = chunk.new_token_ids
         if self._detok is None:
             if not got:
                 return chunk
@@ -53,7 +53,7 @@ class OutputProcessor:
         if stop is None:
             return dataclasses.replace(chunk, text=detok.delta(chunk.finished))
         return dataclasses.replace(
-            chunk, text=detok.delta(True), output_ids=got[:kept], finished=True,
+            chunk, text=detok.delta(True), new_token_ids=got[:kept], finished=True,
             finish_reason=FinishReason("stop", matched=stop), completion_tokens=len(detok.ids),
             output_token_logprobs=_cut(chunk.output_token_logprobs, kept),
             output_top_logprobs=_cut(chunk.output_top_logprobs, kept),

@@ -13,12 +13,12 @@ from typing import Any
 
 from ingress.finish import sglang_finish
 from ingress.sglang.translate import Item
-from protocol import GenerateChunk, compact
+from protocol import RequestOutput, compact
 
 Texts = dict[int, str]
 
 
-def token_ids_needed(item: Item, chunk: GenerateChunk) -> set[int]:
+def token_ids_needed(item: Item, chunk: RequestOutput) -> set[int]:
     """The token ids whose text return_text_in_logprobs puts in the answer."""
     if not (item.return_text and item.return_logprob):
         return set()
@@ -45,12 +45,12 @@ def _tops(rows: list[list[list]] | None, texts: Texts | None) -> list[list[list[
     return [_rows(row, texts) or None for row in rows or ()]
 
 
-def answer_json(item: Item, chunk: GenerateChunk, texts: Texts | None, e2e_latency: float | None,
+def answer_json(item: Item, chunk: RequestOutput, texts: Texts | None, e2e_latency: float | None,
                 flat: bool = False) -> dict[str, Any]:
     """SGLang's answer for `chunk`, an item's whole answer or its answer so far (a streamed event); flat: the
     logprob fields in the compact encoding (entry 0's null as `<field>_null_prefix`)."""
     meta: dict[str, Any] = {
-        "id": chunk.rid,
+        "id": chunk.request_id,
         "finish_reason": sglang_finish(chunk),
         "prompt_tokens": chunk.prompt_tokens,
         "weight_version": chunk.weight_version,
@@ -65,10 +65,10 @@ def answer_json(item: Item, chunk: GenerateChunk, texts: Texts | None, e2e_laten
         meta["e2e_latency"] = e2e_latency
     if flat:
         _flatten(meta)
-    return {"text": chunk.text, "output_ids": chunk.output_ids, "meta_info": meta}
+    return {"text": chunk.text, "output_ids": chunk.new_token_ids, "meta_info": meta}
 
 
-def _logprobs(meta: dict[str, Any], item: Item, chunk: GenerateChunk, texts: Texts | None) -> None:
+def _logprobs(meta: dict[str, Any], item: Item, chunk: RequestOutput, texts: Texts | None) -> None:
     # A text prompt whose input rows are asked was tokenized by the ingress, so scoring items always have ids.
     scored = item.start >= 0 and item.input_ids is not None
     head = [_triple(None, item.input_ids[item.start], texts)] if scored and item.input_ids is not None else []

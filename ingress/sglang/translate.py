@@ -3,7 +3,7 @@
 SGLang normalizes a body the way its GenerateReqInput.normalize_batch_and_arguments does: a single prompt or a batch
 (`text` list, `input_ids` list of lists), per-prompt or shared `sampling_params` and logprob fields, `n` samples
 per prompt (the batch repeated n times, in order). Each item becomes a canonical GenerateRequest (protocol/), checked
-by the rules every dialect's requests are (ingress/canonical.py) with one difference, SGLang's: input rows may come
+by the rules every dialect's requests are (ingress/request_checks.py) with one difference, SGLang's: input rows may come
 together with generated tokens. No other dialect's body shape is involved. The boundary maps exactly: SGLang's
 entries are input_ids[s:] with entry 0 null, the engine's rows are input_ids[s+1:], so the engine is asked
 logprob_start_len = s; s = len - 1 scores no row (entry 0 only).
@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ingress.canonical import check_request
 from ingress.edge.request_record import current_request_id
 from ingress.errors import InvalidRequest, enforce, located
 from ingress.images import ImageBlob, expanded, from_image_data
+from ingress.request_checks import check_request
 from ingress.sglang.schemas import SGLangBody, SGLangSampling
 from protocol import GenerateRequest, ImageData, ModelInfo, SamplingParams
 from protocol.sampling import split_token_ids, stop_list

@@ -20,9 +20,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from protocol import GenerateChunk, GenerateRequest
+from protocol import GenerateRequest, RequestOutput
 
-Call = Callable[[list[GenerateRequest]], Awaitable[list[GenerateChunk]]]
+Call = Callable[[list[GenerateRequest]], Awaitable[list[RequestOutput]]]
 
 
 @dataclass
@@ -30,7 +30,7 @@ class _Waiter:
     """One caller's requests, waiting for or riding in a coalesced call."""
 
     reqs: list[GenerateRequest]
-    future: asyncio.Future[list[GenerateChunk]]
+    future: asyncio.Future[list[RequestOutput]]
     call: _Group | None = None  # set when sent
     gone: bool = False  # the caller stopped waiting (cancelled)
 
@@ -70,7 +70,7 @@ class Coalescer:
             total += len(req.input_ids)
         return total
 
-    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+    async def answers(self, reqs: list[GenerateRequest]) -> list[RequestOutput]:
         tokens = self._tokens(reqs)
         if self._max_in_flight <= 0 or tokens is None or tokens > self._max_tokens:
             # Not a slot holder either: a long generation must never hold short scoring requests here (they
@@ -89,7 +89,7 @@ class Coalescer:
             self._leave(waiter)
             raise
 
-    async def _alone(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+    async def _alone(self, reqs: list[GenerateRequest]) -> list[RequestOutput]:
         self._in_flight += 1
         self.calls += 1
         try:

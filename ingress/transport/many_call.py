@@ -1,6 +1,6 @@
 """The streams of several worker requests, read from one streaming worker call (`EngineWorker.generate_many`).
 
-A streamed HTTP request with several prompts is one admitted unit and one worker call. `Batch` reads one stream per
+A streamed HTTP request with several prompts is one admitted unit and one worker call. `Exchange` reads one stream per
 request (its first chunk decides the HTTP status, then the deltas as they come), so one reader of the call puts each
 tagged delta in its request's queue and each request's stream reads its own queue:
 
@@ -22,18 +22,18 @@ from typing import Any
 
 from ingress.output.processor import OutputProcessor, Tokenizer
 from ingress.transport.ray_calls import cancel, translated
-from protocol import GenerateChunk, GenerateRequest
+from protocol import GenerateRequest, RequestOutput
 
 # (position in the call, delta) pairs, as workers/many.py sends them.
-Message = list[tuple[int, GenerateChunk]]
-_END = object()  # the call ended: a member that saw no final chunk ends without it (Batch: WORKER_ENDED_EARLY)
+Message = list[tuple[int, RequestOutput]]
+_END = object()  # the call ended: a member that saw no final chunk ends without it (Exchange: WORKER_ENDED_EARLY)
 
 
 class ManyCall:
     """One worker call for `reqs`; `member(i)` is request i's stream."""
 
     def __init__(self, reqs: Sequence[GenerateRequest], call: Callable[[list[GenerateRequest]], Any],
-                 tokenizer: Tokenizer, seen: Callable[[GenerateChunk], None] = lambda chunk: None) -> None:
+                 tokenizer: Tokenizer, seen: Callable[[RequestOutput], None] = lambda chunk: None) -> None:
         """`call`: the worker call's response (an async iterable of messages, with `cancel()`); `tokenizer`: the
         output processor's; `seen`: each delta as it arrives (the model-info version it carries)."""
         self._reqs = list(reqs)
@@ -42,10 +42,10 @@ class ManyCall:
         self._finished = [False] * len(self._reqs)
         self._reader: asyncio.Task[None] | None = None
 
-    def members(self) -> list[AsyncGenerator[GenerateChunk, None]]:
+    def members(self) -> list[AsyncGenerator[RequestOutput, None]]:
         return [self.member(i) for i in range(len(self._reqs))]
 
-    async def member(self, i: int) -> AsyncGenerator[GenerateChunk, None]:
+    async def member(self, i: int) -> AsyncGenerator[RequestOutput, None]:
         if self._reader is None:
             self._reader = asyncio.create_task(self._read())
         output = OutputProcessor(self._reqs[i].params, self._tokenizer)
@@ -57,7 +57,7 @@ class ManyCall:
                     return
                 if isinstance(item, Exception):
                     raise item
-                chunk: GenerateChunk = await output.feed(item)
+                chunk: RequestOutput = await output.feed(item)
                 finished = chunk.finished
                 yield chunk
                 if finished:
@@ -97,6 +97,6 @@ class ManyCall:
             if response is not None and not all(self._finished):
                 cancel(response)
 
-    def _put(self, i: int, chunk: GenerateChunk) -> None:
+    def _put(self, i: int, chunk: RequestOutput) -> None:
         self._finished[i] = self._finished[i] or chunk.finished
         self._queues[i].put_nowait(chunk)

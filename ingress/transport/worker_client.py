@@ -25,7 +25,7 @@ from ingress.tasks import all_or_none
 from ingress.transport.coalesce import Coalescer
 from ingress.transport.many_call import ManyCall
 from ingress.transport.ray_calls import awaited, call, cancel, multiplexed, translated
-from protocol import GenerateChunk, GenerateRequest, ModelInfo, merge_outputs, until_finished
+from protocol import GenerateRequest, ModelInfo, RequestOutput, merge_outputs, until_finished
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
@@ -66,7 +66,7 @@ class WorkerClient:
             self._start_refresh()
         return self._info
 
-    def _seen(self, chunk: GenerateChunk) -> None:
+    def _seen(self, chunk: RequestOutput) -> None:
         """A worker's answer: its model-info version confirms the copy held (trusted for another TTL), or differs
         from it and starts a refresh."""
         version = chunk.info_version
@@ -91,7 +91,7 @@ class WorkerClient:
         finally:
             self._info_refresh = None
 
-    async def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+    async def stream(self, req: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         """The request's deltas, ending after the chunk with finished=True, each through the output processor.
 
         Closing it (aclose) or cancelling the task that awaits it before the end aborts the request in the worker,
@@ -126,7 +126,7 @@ class WorkerClient:
             if not finished and response is not None:
                 cancel(response)
 
-    def streams(self, reqs: list[GenerateRequest]) -> list[AsyncGenerator[GenerateChunk, None]]:
+    def streams(self, reqs: list[GenerateRequest]) -> list[AsyncGenerator[RequestOutput, None]]:
         """One stream per request, for the requests of one HTTP request: those without stop strings from one
         `generate_many` call (many_call.py; closing any of them before its end aborts them all); a request with stop
         strings keeps a call of its own (`stream`): the ingress ends it at a match by closing its call, and a call is
@@ -141,7 +141,7 @@ class WorkerClient:
     def _many_call(self, reqs: list[GenerateRequest]) -> Any:
         return multiplexed(self._stream_worker, reqs).generate_many.remote(reqs)
 
-    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+    async def answers(self, reqs: list[GenerateRequest]) -> list[RequestOutput]:
         """Each request's whole answer (its deltas merged), in order, as the worker ended them (an `error` finish
         included; the caller checks). A request with stop strings is read as a stream (one streaming call each), so
         that the ingress, which matches them, can end it in the worker when one matches; the others go as one unary
@@ -149,26 +149,26 @@ class WorkerClient:
         unary = [r for r in reqs if not r.params.stop_strings]
         streamed = [r for r in reqs if r.params.stop_strings]
 
-        async def unary_answers() -> list[GenerateChunk]:
-            wholes = await self.coalescer.answers(unary) if unary else []
-            return [await OutputProcessor(r.params, self._tokenizer).feed(w) for w, r in zip(wholes, unary,
+        async def unary_answers() -> list[RequestOutput]:
+            answers = await self.coalescer.answers(unary) if unary else []
+            return [await OutputProcessor(r.params, self._tokenizer).feed(w) for w, r in zip(answers, unary,
                                                                                               strict=True)]
 
-        async def read_whole(r: GenerateRequest) -> GenerateChunk:
+        async def read_whole(r: GenerateRequest) -> RequestOutput:
             chunks = await until_finished(self.stream(r))
-            return merge_outputs(chunks) if chunks else GenerateChunk(rid=r.rid)
+            return merge_outputs(chunks) if chunks else RequestOutput(request_id=r.rid)
 
         got = await all_or_none([unary_answers(), *(read_whole(r) for r in streamed)])
         by_unary, by_stream = iter(got[0]), iter(got[1:])
         return [next(by_stream if r.params.stop_strings else by_unary) for r in reqs]
 
-    async def _whole_call(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+    async def _whole_call(self, reqs: list[GenerateRequest]) -> list[RequestOutput]:
         # One unary call for all of them: a streaming call per prompt costs a generator on both sides of the
         # handle and a message per delta, several times the CPU of a short scoring request's own answer.
         response = None
         try:
             response = multiplexed(self._worker, reqs).generate_whole.remote(reqs)
-            answers: list[GenerateChunk] = await response
+            answers: list[RequestOutput] = await response
             for answer in answers:
                 self._seen(answer)
             return answers

@@ -1,6 +1,6 @@
 """POST /inference/v1/generate's body -> one canonical request (protocol's GenerateRequest) and what its answer
 renders: a parse, checked by vLLM's rules (rulebook/vllm_generate.py) and then by the contract's rules on the
-canonical request (ingress/canonical.py), as every dialect is.
+canonical request (ingress/request_checks.py), as every dialect is.
 
 How vLLM's scoring fields map onto the canonical request:
 - prompt_logprobs k: rows from position 0 (logprob_start_len 0) with ranks and k alternatives (-1: the vocabulary);
@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ingress.canonical import check_request
 from ingress.errors import InvalidRequest, enforce
 from ingress.images import expanded
+from ingress.request_checks import check_request
 from ingress.vllm.schemas import TokenGenerateBody
 from protocol import GenerateRequest, ImageData, ModelInfo, SamplingParams
 from protocol.images import placeholder_runs

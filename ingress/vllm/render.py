@@ -26,7 +26,7 @@ import numpy as np
 
 from ingress.finish import openai_finish, vllm_stop_reason
 from ingress.vllm.parse import TokenRequest
-from protocol import GenerateChunk
+from protocol import RequestOutput
 
 FLOOR = -9999.0  # vLLM's stand-in for -inf, which JSON cannot write
 REPLACEMENT = "\ufffd"
@@ -37,7 +37,7 @@ def _value(v: float) -> float:
     return FLOOR if v == float("-inf") else v
 
 
-def needed_ids(tr: TokenRequest, chunk: GenerateChunk) -> set[int]:
+def needed_ids(tr: TokenRequest, chunk: RequestOutput) -> set[int]:
     """The ids whose text the prompt_logprobs of `chunk` names (nothing else of this route has text)."""
     if tr.prompt_logprobs is None or not tr.detokenize:
         return set()
@@ -73,7 +73,7 @@ async def _corrected(token: int, context: list[int], texts: Mapping[int, str], d
     return ""
 
 
-async def prompt_logprobs_json(tr: TokenRequest, chunk: GenerateChunk, texts: Mapping[int, str],
+async def prompt_logprobs_json(tr: TokenRequest, chunk: RequestOutput, texts: Mapping[int, str],
                                decode: Decode) -> list[dict[str, dict[str, Any]] | None]:
     k = tr.prompt_logprobs or 0
     rows = chunk.input_token_logprobs or []
@@ -97,7 +97,7 @@ async def prompt_logprobs_json(tr: TokenRequest, chunk: GenerateChunk, texts: Ma
     return out
 
 
-def token_id_logprobs_b64(tr: TokenRequest, chunk: GenerateChunk) -> str | None:
+def token_id_logprobs_b64(tr: TokenRequest, chunk: RequestOutput) -> str | None:
     """The [rows, width] scores of prompt_logprob_token_ids as vLLM's numpy2base64 writes them."""
     if tr.id_rows is None:
         return None
@@ -114,7 +114,7 @@ def token_id_logprobs_b64(tr: TokenRequest, chunk: GenerateChunk) -> str | None:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def logprobs_json(tr: TokenRequest, chunk: GenerateChunk) -> dict[str, Any] | None:
+def logprobs_json(tr: TokenRequest, chunk: RequestOutput) -> dict[str, Any] | None:
     if tr.logprobs is None:  # vLLM's route answers logprob_token_ids only with `logprobs` (equal to their count)
         return None
     n = tr.logprobs
@@ -137,7 +137,7 @@ def logprobs_json(tr: TokenRequest, chunk: GenerateChunk) -> dict[str, Any] | No
     return {"content": content}
 
 
-def _weight_versions(chunk: GenerateChunk, generated: int) -> list[dict[str, Any]] | None:
+def _weight_versions(chunk: RequestOutput, generated: int) -> list[dict[str, Any]] | None:
     if chunk.weight_version is None:
         return None
     return [{"version": chunk.weight_version, "start": 0, "end": generated}]
@@ -150,13 +150,13 @@ def mm_placeholders(tr: TokenRequest) -> dict[str, list[dict[str, int]]] | None:
     return {"image": [{"offset": start, "length": length} for start, length in tr.image_runs]}
 
 
-def usage_json(chunk: GenerateChunk, prompt_len: int) -> dict[str, Any]:
+def usage_json(chunk: RequestOutput, prompt_len: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt_len, "total_tokens": prompt_len + chunk.completion_tokens,
             "completion_tokens": chunk.completion_tokens, "prompt_tokens_details": None,
             "completion_tokens_details": None}
 
 
-async def answer_json(tr: TokenRequest, whole: GenerateChunk, model: str, texts: Mapping[int, str],
+async def answer_json(tr: TokenRequest, whole: RequestOutput, model: str, texts: Mapping[int, str],
                       decode: Decode) -> dict[str, Any]:
     """The non-streamed answer (GenerateTokensResponse.model_dump())."""
     ids = tr.request.input_ids or []
@@ -165,8 +165,8 @@ async def answer_json(tr: TokenRequest, whole: GenerateChunk, model: str, texts:
         prompt_logprobs = await prompt_logprobs_json(tr, whole, texts, decode)
     choice = {"index": 0, "finish_reason": openai_finish(whole) or "stop",
               "stop_reason": vllm_stop_reason(whole, tr.request.params.stop_token_ids),
-              "token_ids": list(whole.output_ids), "routed_experts": None, "sampling_mask": None,
-              "weight_versions": _weight_versions(whole, len(whole.output_ids)),
+              "token_ids": list(whole.new_token_ids), "routed_experts": None, "sampling_mask": None,
+              "weight_versions": _weight_versions(whole, len(whole.new_token_ids)),
               "logprobs": logprobs_json(tr, whole)}
     return {"request_id": tr.request.rid, "model": model, "created": int(time.time()),
             "usage": usage_json(whole, len(ids)), "prompt_logprobs": prompt_logprobs,
@@ -176,13 +176,13 @@ async def answer_json(tr: TokenRequest, whole: GenerateChunk, model: str, texts:
             "choices": [choice]}
 
 
-def stream_chunk_json(tr: TokenRequest, chunk: GenerateChunk, first: bool, generated: int) -> dict[str, Any]:
+def stream_chunk_json(tr: TokenRequest, chunk: RequestOutput, first: bool, generated: int) -> dict[str, Any]:
     """One streamed chunk (GenerateTokensStreamResponse): the new ids; the prompt's ids on the first with
     return_token_ids; weight_versions on the final one only."""
     finish = openai_finish(chunk)
     choice = {"index": 0, "finish_reason": finish,
               "stop_reason": vllm_stop_reason(chunk, tr.request.params.stop_token_ids),
-              "token_ids": list(chunk.output_ids), "routed_experts": None, "sampling_mask": None,
+              "token_ids": list(chunk.new_token_ids), "routed_experts": None, "sampling_mask": None,
               "weight_versions": _weight_versions(chunk, generated) if finish is not None else None,
               "logprobs": logprobs_json(tr, chunk)}
     out: dict[str, Any] = {"request_id": tr.request.rid, "usage": None}
@@ -195,7 +195,7 @@ def stream_chunk_json(tr: TokenRequest, chunk: GenerateChunk, first: bool, gener
     return {**out, "output_mode": "tokens", "choices": [choice]}
 
 
-def usage_chunk_json(tr: TokenRequest, last: GenerateChunk) -> dict[str, Any]:
+def usage_chunk_json(tr: TokenRequest, last: RequestOutput) -> dict[str, Any]:
     """The final usage chunk of a stream with stream_options.include_usage (vLLM's exclude_none dump)."""
     usage = {k: v for k, v in usage_json(last, len(tr.request.input_ids or [])).items() if v is not None}
     return {"request_id": tr.request.rid, "usage": usage, "output_mode": "tokens", "choices": []}

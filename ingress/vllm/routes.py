@@ -15,18 +15,18 @@ from starlette.responses import Response
 
 from ingress.adapters.select import served_model
 from ingress.backend import Backend
-from ingress.canonical import check_causal
 from ingress.errors import IngressError, InvalidRequest, JSONAnswer, enforce, located
 from ingress.images import image_limits
-from ingress.lifecycle import Batch, Lifecycle
+from ingress.lifecycle import Exchange, Lifecycle
 from ingress.openai.render.stream import openai_events
 from ingress.output.token_texts import token_texts
+from ingress.request_checks import check_causal
 from ingress.sse import sse_data
 from ingress.vllm import render
 from ingress.vllm.media import content_part_blobs
 from ingress.vllm.parse import TokenRequest, check_fields, engine_rid, parse
 from ingress.vllm.schemas import AbortRequestsBody, TokenGenerateBody
-from protocol import GenerateChunk, ImageData
+from protocol import ImageData, RequestOutput
 from protocol.control import Abort
 from rulebook import images as img
 from rulebook import vllm_generate as vg
@@ -50,39 +50,40 @@ class TokenRoutes:
             body = TokenGenerateBody.model_validate(raw)
         except ValidationError as exc:
             raise RequestValidationError(located(exc.errors(include_url=False), "body")) from exc
-        return await self._lifecycle.run(request, lambda batch: self._work(body, batch))
+        return await self._lifecycle.run(request, lambda exchange: self._work(body, exchange))
 
-    async def _work(self, body: TokenGenerateBody, batch: Batch) -> Response:
-        info = await served_model(self._backend, batch, body.model)
+    async def _work(self, body: TokenGenerateBody, exchange: Exchange) -> Response:
+        info = await served_model(self._backend, exchange, body.model)
         check_causal(info, ROUTE)
-        limit = info.max_top_logprobs if info.max_top_logprobs is not None else batch.settings.max_top_logprobs
+        limit = info.max_top_logprobs if info.max_top_logprobs is not None else exchange.settings.max_top_logprobs
         blobs = content_part_blobs(body.content_parts)
         images: list[ImageData] = []
         if blobs:  # decoded off the event loop, as every dialect's images (ingress/images.py)
             enforce(img.no_images_here(len(blobs), info.takes_images, "content_parts"))
-            images = await self._backend.prepare_images(blobs, image_limits(batch.settings), "content_parts")
+            images = await self._backend.prepare_images(blobs, image_limits(exchange.settings), "content_parts")
         tr = parse(body, info, limit, images)
-        model = batch.adapter[0] if batch.adapter is not None else info.model_name
+        model = exchange.adapter[0] if exchange.adapter is not None else info.model_name
         if tr.stream:
-            batch.open([tr.request], info)
-            firsts = await batch.firsts()
-            return batch.stream(self._events(tr, firsts, batch))
-        (whole,) = await batch.answers([tr.request], info)
+            exchange.open([tr.request], info)
+            first_chunks = await exchange.first_chunks()
+            return exchange.stream(self._events(tr, first_chunks, exchange))
+        (whole,) = await exchange.answers([tr.request], info)
         texts = await token_texts(self._backend, render.needed_ids(tr, whole))
         return JSONAnswer(await render.answer_json(tr, whole, model, texts, self._decode))
 
     async def _decode(self, ids: list[int]) -> str:
         return await self._backend.detokenize(ids)
 
-    def _events(self, tr: TokenRequest, firsts: list[GenerateChunk], batch: Batch) -> AsyncGenerator[str, None]:
+    def _events(self, tr: TokenRequest, first_chunks: list[RequestOutput],
+                exchange: Exchange) -> AsyncGenerator[str, None]:
         state = {"first": True, "generated": 0}
-        last: list[GenerateChunk] = []
+        last: list[RequestOutput] = []
 
-        async def event(_: int, chunk: GenerateChunk) -> str:
+        async def event(_: int, chunk: RequestOutput) -> str:
             last[:] = [chunk]
-            state["generated"] += len(chunk.output_ids)
+            state["generated"] += len(chunk.new_token_ids)
             # vLLM sends a chunk for new tokens or a finish only (a prefill's chunk has neither).
-            if not chunk.output_ids and not chunk.finished:
+            if not chunk.new_token_ids and not chunk.finished:
                 return ""
             body = render.stream_chunk_json(tr, chunk, bool(state["first"]), int(state["generated"]))
             state["first"] = False
@@ -91,7 +92,7 @@ class TokenRoutes:
         def usage() -> str:
             return sse_data(render.usage_chunk_json(tr, last[0])) if last else ""
 
-        return openai_events(tr.request.rid, firsts, batch, event, [0], usage if tr.include_usage else None)
+        return openai_events(tr.request.rid, first_chunks, exchange, event, [0], usage if tr.include_usage else None)
 
     async def abort_requests(self, raw: Annotated[dict[str, Any], Body()]) -> Response:
         """vLLM's: abort each named request (its body's request_id or the answer's); answered at once, empty."""

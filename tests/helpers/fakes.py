@@ -20,9 +20,9 @@ from ingress.settings import IngressSettings
 from protocol import (
     DEFAULT_WEIGHT_VERSION,
     FinishReason,
-    GenerateChunk,
     GenerateRequest,
     ModelInfo,
+    RequestOutput,
     WeightUpdate,
     WeightUpdateResult,
     merge_outputs,
@@ -33,7 +33,7 @@ from protocol.control import FlushCache, GenerationControl, Pause, Resume
 INFO = ModelInfo(model_name="tiny", vocab_size=100, max_model_len=512, logprobs_mode="raw_logprobs")
 HANG = object()  # in a script: wait forever (a long prefill, a stuck worker)
 
-Script = Iterable[object]  # GenerateChunk | BaseException | HANG
+Script = Iterable[object]  # RequestOutput | BaseException | HANG
 
 
 def fake_model(req: GenerateRequest) -> Script:
@@ -43,8 +43,8 @@ def fake_model(req: GenerateRequest) -> Script:
     k = req.params.top_logprobs_num
     if req.params.max_tokens == 0:
         rows = ids[req.params.logprob_start_len + 1 :]
-        yield GenerateChunk(
-            rid=req.rid,
+        yield RequestOutput(
+            request_id=req.rid,
             finished=True,
             finish_reason=FinishReason(type="length"),
             prompt_tokens=len(ids),
@@ -60,10 +60,10 @@ def fake_model(req: GenerateRequest) -> Script:
     for i in range(req.params.max_tokens):
         tok = (tok + 1) % INFO.vocab_size
         last = i == req.params.max_tokens - 1
-        yield GenerateChunk(
-            rid=req.rid,
+        yield RequestOutput(
+            request_id=req.rid,
             text=f"<{tok}>",
-            output_ids=[tok],
+            new_token_ids=[tok],
             finished=last,
             finish_reason=FinishReason(type="length") if last else None,
             prompt_tokens=len(ids),
@@ -93,7 +93,7 @@ class FakeBackend:
             raise self.info
         return self.info
 
-    async def stream(self, req: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+    async def stream(self, req: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         self.requests.append(req)
         self.started.set()
         finished = False
@@ -104,7 +104,7 @@ class FakeBackend:
                 elif isinstance(item, BaseException):
                     raise item
                 else:
-                    assert isinstance(item, GenerateChunk)
+                    assert isinstance(item, RequestOutput)
                     finished = item.finished
                     yield item
         except (GeneratorExit, asyncio.CancelledError):
@@ -112,17 +112,17 @@ class FakeBackend:
                 self.aborted.append(req.rid)
             raise
 
-    def streams(self, reqs: list[GenerateRequest]) -> list[AsyncGenerator[GenerateChunk, None]]:
+    def streams(self, reqs: list[GenerateRequest]) -> list[AsyncGenerator[RequestOutput, None]]:
         """A stream per request, each closed on its own (HandleBackend's read one call: test_one_worker_call.py)."""
         return [self.stream(req) for req in reqs]
 
-    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+    async def answers(self, reqs: list[GenerateRequest]) -> list[RequestOutput]:
         """Each script played to its final chunk and merged, as the worker's generate_whole does; cancelled (the
         client left), every script not finished is recorded as aborted."""
-        async def whole(req: GenerateRequest) -> GenerateChunk:
+        async def whole(req: GenerateRequest) -> RequestOutput:
             chunks = await until_finished(self.stream(req))
             if not chunks:
-                return GenerateChunk(rid=req.rid)  # a script with no final chunk: unfinished, as a lost stream
+                return RequestOutput(request_id=req.rid)  # a script with no final chunk: unfinished, as a lost stream
             return merge_outputs(chunks)
 
         return await all_or_none(whole(req) for req in reqs)

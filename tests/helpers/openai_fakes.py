@@ -16,9 +16,9 @@ from ingress.app import build_fastapi_app
 from protocol import (
     ChatPrompt,
     FinishReason,
-    GenerateChunk,
     GenerateRequest,
     ModelInfo,
+    RequestOutput,
     TokenizerInfo,
     error_chunk,
 )
@@ -58,7 +58,8 @@ def model(req: GenerateRequest):
             asked = req.params.row_token_ids(start, len(ids) - 2)
             cands = [[[value(start + 1 + r, t), t] for t in row or []] for r, row in enumerate(asked)]
     if req.params.max_tokens == 0:
-        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason("length"), prompt_tokens=len(ids),
+        yield RequestOutput(request_id=req.rid, finished=True, finish_reason=FinishReason("length"),
+                            prompt_tokens=len(ids),
                             input_token_logprobs=rows, input_top_logprobs=tops, input_token_ranks=ranks,
                             input_token_ids_logprobs=cands)
         return
@@ -67,8 +68,8 @@ def model(req: GenerateRequest):
     for i in range(req.params.max_tokens):
         tok = (tok + 1) % INFO.vocab_size
         last = i == req.params.max_tokens - 1
-        yield GenerateChunk(
-            rid=req.rid, text=text_of(tok), output_ids=[tok], finished=last,
+        yield RequestOutput(
+            request_id=req.rid, text=text_of(tok), new_token_ids=[tok], finished=last,
             finish_reason=FinishReason("length") if last else None, prompt_tokens=len(ids), completion_tokens=i + 1,
             input_token_logprobs=(rows if i == 0 else []) if rows is not None else None,
             input_top_logprobs=(tops if i == 0 else []) if tops is not None else None,

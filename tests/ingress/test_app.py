@@ -12,7 +12,7 @@ import json
 import httpx
 import pytest
 
-from protocol import FinishReason, GenerateChunk
+from protocol import FinishReason, RequestOutput
 from tests.helpers.fakes import HANG, SCORE, FakeBackend, client, fake_model, post
 
 
@@ -126,8 +126,8 @@ async def test_stream_deltas_concatenate_to_the_json_answer():
 
 async def test_non_finite_logprobs_do_not_break_the_answer():
     def script(req):
-        yield GenerateChunk(
-            rid=req.rid,
+        yield RequestOutput(
+            request_id=req.rid,
             finished=True,
             finish_reason=FinishReason(type="length"),
             input_token_logprobs=[[float("-inf"), 3]],
@@ -251,8 +251,8 @@ async def test_worker_rejection_after_tokenizing_is_a_400():
     message = "The prompt length 600 plus max_tokens 128 exceeds the model's context length 512."
 
     def script(req):
-        yield GenerateChunk(
-            rid=req.rid, finished=True, finish_reason=FinishReason(type="error", message=message, code=400)
+        yield RequestOutput(
+            request_id=req.rid, finished=True, finish_reason=FinishReason(type="error", message=message, code=400)
         )
 
     for stream in (False, True):
@@ -263,8 +263,8 @@ async def test_worker_rejection_after_tokenizing_is_a_400():
 @pytest.mark.parametrize("code", [500, None])
 async def test_engine_failure_before_any_byte_is_500(code):
     def script(req):
-        yield GenerateChunk(
-            rid=req.rid,
+        yield RequestOutput(
+            request_id=req.rid,
             finished=True,
             finish_reason=FinishReason(type="error", message="engine failure", code=code),
         )
@@ -284,8 +284,8 @@ async def test_engine_failure_before_any_byte_is_500(code):
 async def test_engine_failure_mid_generation():
     def script(req):
         yield from list(fake_model(req))[:2]
-        yield GenerateChunk(
-            rid=req.rid,
+        yield RequestOutput(
+            request_id=req.rid,
             finished=True,
             finish_reason=FinishReason(type="error", message="engine failure", code=500),
         )
@@ -299,7 +299,7 @@ async def test_engine_failure_mid_generation():
 
 async def test_abort_finish_passes_through():
     def script(req):
-        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason(type="abort"))
+        yield RequestOutput(request_id=req.rid, finished=True, finish_reason=FinishReason(type="abort"))
 
     resp = await post(FakeBackend(script), {"input_ids": [1]})
     assert resp.status_code == 200 and resp.json()["meta_info"]["finish_reason"] == {"type": "abort"}

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from ingress.transport import HandleBackend
-from protocol import FinishReason, GenerateChunk, GenerateRequest, SamplingParams
+from protocol import FinishReason, GenerateRequest, RequestOutput, SamplingParams
 from tests.helpers.fakes import HANG, INFO, FakeHandle, FakeMethod
 
 
-def chunks(n: int) -> list[GenerateChunk]:
-    out = [GenerateChunk(rid="r", output_ids=[i]) for i in range(n - 1)]
+def chunks(n: int) -> list[RequestOutput]:
+    out = [RequestOutput(request_id="r", new_token_ids=[i]) for i in range(n - 1)]
     return [
         *out,
-        GenerateChunk(rid="r", output_ids=[n], finished=True, finish_reason=FinishReason(type="length")),
+        RequestOutput(request_id="r", new_token_ids=[n], finished=True, finish_reason=FinishReason(type="length")),
     ]
 
 
@@ -101,7 +101,7 @@ async def test_stream_goes_through_the_streaming_handle_and_is_not_cancelled_whe
     backend = HandleBackend(handle)
     handle.options(stream=True).generate = FakeMethod(chunks(3))
     got = [c async for c in backend.stream(REQ)]
-    assert [c.output_ids for c in got] == [[0], [1], [3]]
+    assert [c.new_token_ids for c in got] == [[0], [1], [3]]
     assert handle.generate.responses == []  # not through the unary handle
     assert handle.options(stream=True).is_stream
     assert not handle.options(stream=True).generate.responses[0].cancelled
@@ -147,9 +147,9 @@ async def test_worker_error_propagates_and_cancels(smollm2_path: Path):
 async def test_answers_are_one_unary_call_for_the_whole_batch(smollm2_path: Path):
     handle = _handle(smollm2_path)
     backend = HandleBackend(handle)
-    wholes = [chunks(1)[0], chunks(1)[0]]
-    handle.generate_whole = FakeMethod([wholes])
-    assert await backend.answers([REQ, REQ]) == wholes
+    answers = [chunks(1)[0], chunks(1)[0]]
+    handle.generate_whole = FakeMethod([answers])
+    assert await backend.answers([REQ, REQ]) == answers
     assert len(handle.generate_whole.responses) == 1  # one call, not one per request
     assert handle.options(stream=True).generate.responses == []  # and no stream
     assert not handle.generate_whole.responses[0].cancelled
@@ -207,13 +207,13 @@ def test_ingress_never_imports_the_engine():
 HELLO = [19556, 905, 28, 451, 314, 253, 1028, 30]
 
 
-def _generated(pieces: list[list[int]]) -> list[GenerateChunk]:
+def _generated(pieces: list[list[int]]) -> list[RequestOutput]:
     """A worker's deltas of HELLO's ids in `pieces`, each id with a logprob row, ending at length."""
     out, n = [], 0
     for i, ids in enumerate(pieces):
         n += len(ids)
         last = i == len(pieces) - 1
-        out.append(GenerateChunk(rid="s", output_ids=ids, output_token_logprobs=[[-0.5, t] for t in ids],
+        out.append(RequestOutput(request_id="s", new_token_ids=ids, output_token_logprobs=[[-0.5, t] for t in ids],
                                  completion_tokens=n, finished=last,
                                  finish_reason=FinishReason("length") if last else None))
     return out
@@ -229,7 +229,7 @@ async def test_a_stop_string_ends_the_answer_at_its_token_and_cancels_the_worker
     backend = HandleBackend(handle)
     handle.options(stream=True).generate = FakeMethod(_generated([HELLO[:1], HELLO[1:2], HELLO[2:5], HELLO[5:]]))
     got = [c async for c in backend.stream(STOPPED)]
-    assert [c.output_ids for c in got] == [HELLO[:1], HELLO[1:2], HELLO[2:4]]
+    assert [c.new_token_ids for c in got] == [HELLO[:1], HELLO[1:2], HELLO[2:4]]
     assert "".join(c.text for c in got) == "Hello wor"
     last = got[-1]
     assert last.finished and last.finish_reason == FinishReason("stop", matched="ld, th")
@@ -244,9 +244,9 @@ async def test_answers_with_stop_strings_read_one_stream_each(smollm2_path: Path
     handle.generate_whole = FakeMethod([[_generated([HELLO])[0]]])
     plain = GenerateRequest(rid="p", input_ids=[1], params=SamplingParams(max_tokens=8))
     stopped, whole = await backend.answers([STOPPED, plain])
-    assert stopped.output_ids == HELLO[:4] and stopped.text == "Hello wor" and stopped.completion_tokens == 4
+    assert stopped.new_token_ids == HELLO[:4] and stopped.text == "Hello wor" and stopped.completion_tokens == 4
     assert stopped.finish_reason == FinishReason("stop", matched="ld, th")
-    assert whole.text == "Hello world, this is a test." and whole.output_ids == HELLO
+    assert whole.text == "Hello world, this is a test." and whole.new_token_ids == HELLO
     assert len(handle.options(stream=True).generate.responses) == 1 and len(handle.generate_whole.responses) == 1
 
 
@@ -257,7 +257,7 @@ async def test_answers_carry_the_model_info_version_and_a_different_one_refreshe
     newer = dataclasses.replace(INFO, max_top_logprobs=3, version="v2")
     handle = FakeHandle()
     handle.model_info = FakeMethod([info], [newer])
-    v1, v2 = ([[GenerateChunk(rid="r", finished=True, info_version=v)]] for v in ("v1", "v2"))
+    v1, v2 = ([[RequestOutput(request_id="r", finished=True, info_version=v)]] for v in ("v1", "v2"))
     handle.generate_whole = FakeMethod(v1, v1, v1, v2)
     backend = HandleBackend(handle, model_info_ttl_s=0.05)
     assert await backend.model_info() == info
@@ -278,7 +278,7 @@ async def test_no_answer_for_longer_than_the_ttl_refreshes_in_the_background():
     info = dataclasses.replace(INFO, version="v1")
     handle = FakeHandle()
     handle.model_info = FakeMethod([info])
-    handle.generate_whole = FakeMethod([[GenerateChunk(rid="r", finished=True)]])
+    handle.generate_whole = FakeMethod([[RequestOutput(request_id="r", finished=True)]])
     backend = HandleBackend(handle, model_info_ttl_s=0.05)
     await backend.model_info()
     await asyncio.sleep(0.06)

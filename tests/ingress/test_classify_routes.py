@@ -12,11 +12,10 @@ import pytest
 
 from engine.llm_engine import LLMEngine
 from ingress.classify.activation import activate
-from protocol import GenerateChunk, GenerateRequest, ModelInfo
+from protocol import GenerateRequest, ModelInfo, RequestOutput
 from tests.helpers.engine import make_engine, rand_ids
 from tests.helpers.fakes import FakeBackend, client
 from tests.helpers.tiny_classifiers import LABELS, build_classifier, reference_scores
-from workers.convert import to_chunk
 
 ATOL = 1e-4
 
@@ -32,10 +31,9 @@ class EngineBackend(FakeBackend):
                               num_labels=engine.model.num_labels, id2label=dict(engine.hf_config.id2label),
                               problem_type=engine.hf_config.problem_type)
 
-    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+    async def answers(self, reqs: list[GenerateRequest]) -> list[RequestOutput]:
         self.requests.extend(reqs)
-        outs = self.engine.generate([r.input_ids or [] for r in reqs], [r.params for r in reqs], check=True)
-        return [to_chunk(out) for out in outs]
+        return self.engine.generate([r.input_ids or [] for r in reqs], [r.params for r in reqs], check=True)
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from ingress.transport.coalesce import Coalescer
-from protocol import GenerateChunk, GenerateRequest, SamplingParams
+from protocol import GenerateRequest, RequestOutput, SamplingParams
 
 
 def scoring(rid: str, n: int = 8) -> GenerateRequest:
@@ -24,7 +24,7 @@ class HeldCall:
         self.cancelled: list[list[str]] = []
         self.fail: Exception | None = None
 
-    async def __call__(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+    async def __call__(self, reqs: list[GenerateRequest]) -> list[RequestOutput]:
         rids = [r.rid for r in reqs]
         self.calls.append(rids)
         try:
@@ -34,7 +34,7 @@ class HeldCall:
             raise
         if self.fail is not None:
             raise self.fail
-        return [GenerateChunk(rid=r.rid, finished=True) for r in reqs]
+        return [RequestOutput(request_id=r.rid, finished=True) for r in reqs]
 
 
 async def settle() -> None:
@@ -42,8 +42,8 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def rids(chunks: list[GenerateChunk]) -> list[str]:
-    return [c.rid for c in chunks]
+def rids(chunks: list[RequestOutput]) -> list[str]:
+    return [c.request_id for c in chunks]
 
 
 def test_below_the_limit_each_goes_alone() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol import GenerateChunk, GenerateRequest
+from protocol import GenerateRequest, RequestOutput
 from tests.helpers.openai_fakes import Backend, call, error
 
 LIMIT_NAME = "config field `max_batch_items`"
@@ -28,7 +28,7 @@ class CountingBackend(Backend):
         self.worker_calls.append("tokenize_many")
         return [[ord(c) - 32 for c in t] for t in texts]
 
-    async def answers(self, reqs: list[GenerateRequest]) -> list[GenerateChunk]:
+    async def answers(self, reqs: list[GenerateRequest]) -> list[RequestOutput]:
         self.worker_calls.append("answers")
         return await super().answers(reqs)
 

@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 
 from ingress.finish import openai_finish, seed_finish, sglang_finish, vllm_stop_reason
-from protocol import FinishReason, GenerateChunk
+from protocol import FinishReason, RequestOutput
 
 STOP_IDS = [7]
 
 
-def chunk(finish: FinishReason | None, finished: bool = True) -> GenerateChunk:
-    return GenerateChunk(rid="r", finished=finished, finish_reason=finish, completion_tokens=3)
+def chunk(finish: FinishReason | None, finished: bool = True) -> RequestOutput:
+    return RequestOutput(request_id="r", finished=finished, finish_reason=finish, completion_tokens=3)
 
 
 # finish -> (OpenAI's finish_reason, vLLM's stop_reason, the seed's meta_info.finish_reason, SGLang's)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from protocol import FinishReason, GenerateChunk, GenerateRequest
+from protocol import FinishReason, GenerateRequest, RequestOutput
 from tests.helpers.fakes import SCORE, FakeBackend, fake_model, post
 
 
@@ -115,7 +115,7 @@ async def test_single_stream_events_have_no_index():
 def fails_on_item(bad: int, code: int | None):
     def script(req: GenerateRequest):
         if req.input_ids == [bad]:
-            yield GenerateChunk(rid=req.rid, finished=True,
+            yield RequestOutput(request_id=req.rid, finished=True,
                                 finish_reason=FinishReason("error", message="nope", code=code))
             return
         yield from fake_model(req)
@@ -135,7 +135,7 @@ async def test_an_item_failing_mid_stream_ends_the_stream_with_its_error_event()
         chunks = list(fake_model(req))
         if req.input_ids == [9]:
             yield chunks[0]
-            yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason("error", message="died"))
+            yield RequestOutput(request_id=req.rid, finished=True, finish_reason=FinishReason("error", message="died"))
             return
         yield from chunks
 

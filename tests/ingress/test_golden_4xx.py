@@ -8,6 +8,9 @@ again (only when a change of an error is meant) with RAYSCORE_GOLDEN_RECORD=1.
 Changed on purpose since the first recording: `gen-too-long-text` and `gen-batch-text-long` (a /generate text prompt
 past the context) were the engine's 400 (the fake worker here checks no context, hence 200 then) and are now the
 ingress's, with the same rulebook message and body: /generate tokenizes in its parse, as every dialect does.
+`cls-empty-text` (/classify `{"input": ""}`) was a 503 (the tokenizer's BOS alone went to the worker, and the fake
+classifier's answer had no scores: AssertionError) and is now the 400 every route gives an empty text prompt,
+naming `input`.
 """
 
 from __future__ import annotations

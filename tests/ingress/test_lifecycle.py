@@ -1,6 +1,6 @@
-"""The request lifecycle's batch path without HTTP: N worker requests -> N answers in order, chunks tagged
-with their request's position, a failure once bytes are out as a final `error` chunk; and the one table of
-sampling rules that both APIs' validators share."""
+"""The request lifecycle's Exchange (one HTTP request's worker requests) without HTTP: N worker requests -> N
+answers in order, chunks tagged with their request's position, a failure once bytes are out as a final `error`
+chunk; and the one table of sampling rules that both APIs' validators share."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from ingress.errors import InvalidRequest, Unavailable
 from ingress.generate.schemas import GenerateBody
 from ingress.generate.validation import to_request, validate
-from ingress.lifecycle import Batch
+from ingress.lifecycle import Exchange
 from ingress.openai.completions import validate_completion
 from ingress.openai.schemas.completions import CompletionBody
 from protocol import GenerateRequest, SamplingParams
@@ -25,24 +25,24 @@ def request(rid: str, first_id: int, max_tokens: int, logprobs: bool = False) ->
 
 
 async def test_collect_answers_in_request_order_whatever_finishes_first():
-    batch = Batch(FakeBackend())
-    batch.open([request("long", 10, 5), request("short", 50, 1), request("mid", 70, 3)], INFO)
-    await batch.firsts()
-    wholes = await batch.collect()
-    assert [w.rid for w in wholes] == ["long", "short", "mid"]
-    assert [w.output_ids for w in wholes] == [[11, 12, 13, 14, 15], [51], [71, 72, 73]]
-    assert all(w.finished for w in wholes)
+    exchange = Exchange(FakeBackend())
+    exchange.open([request("long", 10, 5), request("short", 50, 1), request("mid", 70, 3)], INFO)
+    await exchange.first_chunks()
+    answers = await exchange.collect()
+    assert [w.request_id for w in answers] == ["long", "short", "mid"]
+    assert [w.new_token_ids for w in answers] == [[11, 12, 13, 14, 15], [51], [71, 72, 73]]
+    assert all(w.finished for w in answers)
 
 
-async def test_rest_tags_each_chunk_with_its_request_and_ends_after_every_final_chunk():
+async def test_later_chunks_tag_each_chunk_with_its_request_and_ends_after_every_final_chunk():
     backend = FakeBackend(lambda req: [*fake_model(req), HANG])  # nothing may be read after a final chunk
-    batch = Batch(backend)
-    batch.open([request("a", 10, 3), request("b", 50, 2)], INFO)
-    firsts = await batch.firsts()
-    got: dict[int, list[int]] = {0: list(firsts[0].output_ids), 1: list(firsts[1].output_ids)}
-    async with contextlib.aclosing(batch.rest()) as rest:
-        async for i, chunk in rest:
-            got[i] += chunk.output_ids
+    exchange = Exchange(backend)
+    exchange.open([request("a", 10, 3), request("b", 50, 2)], INFO)
+    first_chunks = await exchange.first_chunks()
+    got: dict[int, list[int]] = {0: list(first_chunks[0].new_token_ids), 1: list(first_chunks[1].new_token_ids)}
+    async with contextlib.aclosing(exchange.later_chunks()) as later:
+        async for i, chunk in later:
+            got[i] += chunk.new_token_ids
     assert got == {0: [11, 12, 13], 1: [51, 52]} and backend.aborted == []
 
 
@@ -51,11 +51,11 @@ async def test_a_stream_that_dies_mid_way_ends_with_an_error_chunk_that_keeps_no
         yield from list(fake_model(req))[:1]
         yield RuntimeError("actor died")
 
-    batch = Batch(FakeBackend(dies))
-    batch.open([request("a", 10, 4, logprobs=True)], INFO)
-    await batch.firsts()
-    async with contextlib.aclosing(batch.rest()) as rest:
-        (last,) = [chunk async for _, chunk in rest]
+    exchange = Exchange(FakeBackend(dies))
+    exchange.open([request("a", 10, 4, logprobs=True)], INFO)
+    await exchange.first_chunks()
+    async with contextlib.aclosing(exchange.later_chunks()) as later:
+        (last,) = [chunk async for _, chunk in later]
     assert last.finished and last.finish_reason.type == "error" and "RuntimeError" in last.finish_reason.message
     assert last.output_token_logprobs == [] and last.input_token_logprobs is None
     assert last.completion_tokens == 1
@@ -68,20 +68,20 @@ async def test_a_failing_first_chunk_raises_and_closing_aborts_the_others():
         yield HANG
 
     backend = FakeBackend(first_dies)
-    batch = Batch(backend)
-    batch.open([request("a", 1, 2), request("b", 2, 2)], INFO)
+    exchange = Exchange(backend)
+    exchange.open([request("a", 1, 2), request("b", 2, 2)], INFO)
     with pytest.raises(RuntimeError):
-        await batch.firsts()
-    await batch.aclose()
+        await exchange.first_chunks()
+    await exchange.aclose()
     assert backend.aborted == ["b"]
 
 
 async def test_a_stream_without_a_final_chunk_is_unavailable():
-    batch = Batch(FakeBackend(lambda req: list(fake_model(req))[:1]))
-    batch.open([request("a", 1, 3)], INFO)
-    await batch.firsts()
+    exchange = Exchange(FakeBackend(lambda req: list(fake_model(req))[:1]))
+    exchange.open([request("a", 1, 3)], INFO)
+    await exchange.first_chunks()
     with pytest.raises(Unavailable):
-        await asyncio.wait_for(batch.collect(), 5)
+        await asyncio.wait_for(exchange.collect(), 5)
 
 
 @pytest.mark.parametrize("field, value", [("temperature", -1.0), ("top_p", 0.0), ("top_k", 10**30),

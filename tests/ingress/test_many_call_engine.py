@@ -43,10 +43,10 @@ async def test_streamed_prompts_are_one_call_and_add_up_to_the_whole_answers(wor
                 texts[ch["index"]] += ch["text"]
                 tokens[ch["index"]] += (ch.get("logprobs") or {}).get("tokens") or []
                 lps[ch["index"]] += (ch.get("logprobs") or {}).get("token_logprobs") or []
-    wholes = whole.json()["choices"]
-    assert texts == [ch["text"] for ch in wholes]
-    assert tokens == [ch["logprobs"]["tokens"] for ch in wholes]
-    assert lps == [ch["logprobs"]["token_logprobs"] for ch in wholes]
+    answers = whole.json()["choices"]
+    assert texts == [ch["text"] for ch in answers]
+    assert tokens == [ch["logprobs"]["tokens"] for ch in answers]
+    assert lps == [ch["logprobs"]["token_logprobs"] for ch in answers]
     assert all(len(t) == 6 for t in tokens)
 
 

@@ -197,8 +197,8 @@ async def test_a_text_prompt_the_rules_refuse_never_reaches_a_worker(smollm2_pat
         words = " ".join(["word"] * 60)  # 299 characters, within 64 x 8; 60 tokens, past 64 with 8 to generate
         past = await c.post("/generate", json={"prompt": words, "max_tokens": 8})
         assert past.status_code == 400 and past.json()["message"].startswith("The prompt length 60 plus max_tokens 8")
-        batch = await c.post("/generate", json={"prompt": ["hi", words], "max_tokens": 8})
-        assert batch.status_code == 400 and batch.json()["message"].startswith("Item 1: The prompt length 60")
+        exchange = await c.post("/generate", json={"prompt": ["hi", words], "max_tokens": 8})
+        assert exchange.status_code == 400 and exchange.json()["message"].startswith("Item 1: The prompt length 60")
     assert _worker_calls(handle.calls) == {}
 
 
@@ -225,10 +225,10 @@ async def test_streamed_completions_of_4_text_prompts(counted) -> None:  # noqa:
             texts[ch["index"]] += ch["text"]
             tokens[ch["index"]] += (ch.get("logprobs") or {}).get("tokens") or []
             finishes[ch["index"]] = ch["finish_reason"] or finishes[ch["index"]]
-    wholes = whole.json()["choices"]
-    assert texts == [ch["text"] for ch in wholes] and all(texts)
-    assert tokens == [ch["logprobs"]["tokens"] for ch in wholes]
-    assert finishes == [ch["finish_reason"] for ch in wholes] == ["length"] * 4
+    answers = whole.json()["choices"]
+    assert texts == [ch["text"] for ch in answers] and all(texts)
+    assert tokens == [ch["logprobs"]["tokens"] for ch in answers]
+    assert finishes == [ch["finish_reason"] for ch in answers] == ["length"] * 4
 
 
 async def test_streamed_sglang_batch_generate(counted) -> None:  # noqa: ANN001

@@ -11,7 +11,7 @@ import pytest
 
 from ingress.openai.chat import echo_text
 from ingress.openai.schemas.chat import ChatMessage
-from protocol import FinishReason, GenerateChunk, ModelInfo
+from protocol import FinishReason, ModelInfo, RequestOutput
 from tests.helpers.openai_fakes import INFO, Backend, call, error, sse, text_of, value
 
 MESSAGES = [{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
@@ -112,8 +112,9 @@ async def test_chat_echo_starts_the_content_with_the_last_assistant_message():
 
 async def test_chat_stream_failure_is_an_error_event():
     def dies(req):
-        yield GenerateChunk(rid=req.rid, text="A", output_ids=[33], completion_tokens=1)
-        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason("error", message="engine died"))
+        yield RequestOutput(request_id=req.rid, text="A", new_token_ids=[33], completion_tokens=1)
+        yield RequestOutput(request_id=req.rid, finished=True,
+                            finish_reason=FinishReason("error", message="engine died"))
 
     chunks = sse(await chat({"stream": True}, Backend(dies)))
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "A"}

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from ingress.app import build_fastapi_app
-from protocol import FinishReason, GenerateChunk, ModelInfo
+from protocol import FinishReason, ModelInfo, RequestOutput
 from tests.helpers.fakes import HANG, RawCall
 from tests.helpers.openai_fakes import Backend, call, complete, error, model, sse, value
 
@@ -237,7 +237,8 @@ async def test_hostile_values_never_5xx(body):
 @pytest.mark.parametrize("code, status, kind", [(400, 400, "invalid_request_error"), (500, 500, "server_error")])
 async def test_worker_error_before_any_byte(code, status, kind):
     def rejects(req):
-        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason("error", message="no", code=code))
+        yield RequestOutput(request_id=req.rid, finished=True,
+                            finish_reason=FinishReason("error", message="no", code=code))
 
     for stream in (False, True):
         resp = await complete({"prompt": [[1], [2]], "stream": stream}, Backend(rejects))

@@ -18,7 +18,7 @@ from ingress.errors import Overloaded, WorkerLost
 from ingress.retry import RetryBudget, RetryCounter
 from ingress.settings import IngressSettings
 from ingress.transport import HandleBackend
-from protocol import FinishReason, GenerateChunk, GenerateRequest
+from protocol import FinishReason, GenerateRequest, RequestOutput
 from tests.helpers.fakes import SCORE, FakeBackend, FakeHandle, FakeMethod, FakeResponse, fake_model
 from tests.helpers.serve import sse_events
 
@@ -103,7 +103,7 @@ async def test_past_the_retry_deadline_the_answer_is_503() -> None:
 @pytest.mark.asyncio
 async def test_overload_is_503_with_retry_after_at_once_and_not_retried() -> None:
     def refused(req: GenerateRequest):
-        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason(
+        yield RequestOutput(request_id=req.rid, finished=True, finish_reason=FinishReason(
             "error", message="The worker's queue is full (max_queued_requests).", code=503))
 
     for script in (refused, failing(1000, Overloaded("Serve's queue is full."))):
@@ -121,7 +121,8 @@ async def test_overload_is_503_with_retry_after_at_once_and_not_retried() -> Non
 @pytest.mark.asyncio
 async def test_neither_a_4xx_nor_an_engine_error_nor_a_started_stream_is_retried() -> None:
     def engine_error(req: GenerateRequest):
-        yield GenerateChunk(rid=req.rid, finished=True, finish_reason=FinishReason("error", message="boom", code=500))
+        yield RequestOutput(request_id=req.rid, finished=True,
+                            finish_reason=FinishReason("error", message="boom", code=500))
 
     def dies_after_first(req: GenerateRequest):
         yield next(iter(fake_model(req)))

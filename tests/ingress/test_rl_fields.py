@@ -16,7 +16,7 @@ from ingress.generate.schemas import GenerateBody
 from ingress.generate.validation import to_request, validate
 from ingress.limits import logprob_entries
 from ingress.settings import IngressSettings
-from protocol import GenerateChunk, GenerateRequest, SamplingParams
+from protocol import GenerateRequest, RequestOutput, SamplingParams
 from tests.helpers.fakes import INFO, FakeBackend
 
 SCORE = {"input_ids": [1, 2, 3, 4], "max_tokens": 0, "return_logprob": True, "logprob_start_len": 0}
@@ -90,8 +90,8 @@ async def test_limits_name_their_config_fields() -> None:
 
 
 def test_rendered_only_when_asked() -> None:
-    plain = chunk_json(GenerateChunk("r", input_token_logprobs=[[-1.0, 3]]))["meta_info"]
+    plain = chunk_json(RequestOutput("r", input_token_logprobs=[[-1.0, 3]]))["meta_info"]
     assert "input_token_ids_logprobs" not in plain and "input_logprob_temperature" not in plain
-    asked = chunk_json(GenerateChunk("r", input_token_logprobs=[[-1.0, 3]], input_token_ids_logprobs=[[[-2.0, 7]]],
+    asked = chunk_json(RequestOutput("r", input_token_logprobs=[[-1.0, 3]], input_token_ids_logprobs=[[[-2.0, 7]]],
                                      input_logprob_temperature=0.7))["meta_info"]
     assert asked["input_token_ids_logprobs"] == [[[-2.0, 7]]] and asked["input_logprob_temperature"] == 0.7

@@ -126,12 +126,12 @@ async def test_return_token_ids_and_tokens_as_ids_on_completions():
     assert choices[0]["logprobs"]["text_offset"] == [0, len("token_id:42")]
     # Streamed: the prompt's ids in each choice's first chunk, the new ids in every chunk.
     events = sse(await complete({**body, "stream": True}))
-    firsts = {}
+    first_chunks = {}
     for e in events:
         for c in e["choices"]:
-            firsts.setdefault(c["index"], c)
+            first_chunks.setdefault(c["index"], c)
             assert "token_ids" in c
-    assert firsts[0]["prompt_token_ids"] == [40, 41] and firsts[1]["prompt_token_ids"] == [50]
+    assert first_chunks[0]["prompt_token_ids"] == [40, 41] and first_chunks[1]["prompt_token_ids"] == [50]
     # vLLM's echo with return_token_ids: the ids are the echo, the text is the completion's alone.
     (choice,) = (await complete({"model": "tiny", "prompt": [40, 41], "max_tokens": 1, "echo": True,
                                  "return_token_ids": True})).json()["choices"]
@@ -193,8 +193,8 @@ def test_the_field_lists_cover_every_declared_field():
                            (ChatBody, openai_fields.HONOURED_CHAT)):
         declared = set(body.model_fields)
         assert set(honoured) <= declared
-        rest = declared - set(honoured)
-        assert rest <= set(openai_fields.REFUSED) | set(openai_fields.ANNOTATIONS), rest
+        later = declared - set(honoured)
+        assert later <= set(openai_fields.REFUSED) | set(openai_fields.ANNOTATIONS), later
     lists = [set(openai_fields.HONOURED_COMPLETIONS) | set(openai_fields.HONOURED_CHAT),
              set(openai_fields.REFUSED), set(openai_fields.ANNOTATIONS)]
     assert not (lists[0] & lists[1]) and not (lists[0] & lists[2]) and not (lists[1] & lists[2])

@@ -16,7 +16,7 @@ from ingress.finish import openai_finish
 from ingress.openai.render.common import generated_ids, generated_tops, token_name
 from ingress.openai.render.prompt_logprobs import prompt_logprobs_flat, prompt_logprobs_ids, prompt_logprobs_json
 from ingress.openai.validation import VllmFields
-from protocol import GenerateChunk, compact
+from protocol import RequestOutput, compact
 
 
 @dataclass
@@ -30,7 +30,7 @@ class ChatChoice:
     started: bool = False
     completion_tokens: int = 0
 
-    def needed_ids(self, chunk: GenerateChunk) -> set[int]:
+    def needed_ids(self, chunk: RequestOutput) -> set[int]:
         """Ids whose token text `render(chunk, ...)` or `answer_fields` will look up."""
         ids: set[int] = set()
         if self.vllm is not None and self.vllm.prompt_logprobs is not None and not self.started:
@@ -39,7 +39,7 @@ class ChatChoice:
             ids |= generated_ids(chunk)
         return ids
 
-    def answer_fields(self, chunk: GenerateChunk, texts: Mapping[int, str]) -> dict[str, Any]:
+    def answer_fields(self, chunk: RequestOutput, texts: Mapping[int, str]) -> dict[str, Any]:
         """vLLM's fields of the answer itself (not of its choice), for the first chunk: `prompt_logprobs` (a whole
         answer only) and `prompt_token_ids`. Call before `render`."""
         out: dict[str, Any] = {}
@@ -53,7 +53,7 @@ class ChatChoice:
             out["prompt_token_ids"] = list(self.prompt_ids)
         return out
 
-    def render(self, chunk: GenerateChunk, texts: Mapping[int, str], stream: bool) -> dict[str, Any]:
+    def render(self, chunk: RequestOutput, texts: Mapping[int, str], stream: bool) -> dict[str, Any]:
         """The choice for `chunk`: the whole `message` of a merged chunk, or a stream's `delta` (the first one
         also names the role)."""
         first = not self.started
@@ -88,5 +88,5 @@ class ChatChoice:
             key, message = "message", {"role": "assistant", "content": text}
         out = {"index": 0, key: message, "logprobs": logprobs, "finish_reason": openai_finish(chunk)}
         if self.vllm is not None and self.vllm.token_ids:
-            out["token_ids"] = list(chunk.output_ids)
+            out["token_ids"] = list(chunk.new_token_ids)
         return out

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ingress.errors import IngressError
-from protocol import FinishReason, GenerateChunk
+from protocol import FinishReason, RequestOutput
 
 
-def generated_ids(chunk: GenerateChunk) -> set[int]:
+def generated_ids(chunk: RequestOutput) -> set[int]:
     """The ids a chunk's generated-token logprobs name: each token's and its alternatives'."""
     ids = {t for _, t in chunk.output_token_logprobs or ()}
     for row in [*(chunk.output_top_logprobs or ()), *(chunk.output_token_ids_logprobs or ())]:
@@ -28,7 +28,7 @@ def token_name(token_id: int, texts: Mapping[int, str], as_ids: bool) -> str:
     return f"token_id:{token_id}" if as_ids else texts[token_id]
 
 
-def generated_tops(chunk: GenerateChunk, k: int, by_ids: bool) -> list[list[list]]:
+def generated_tops(chunk: RequestOutput, k: int, by_ids: bool) -> list[list[list]]:
     """Each generated token's alternatives: its k most likely, or (vLLM's logprob_token_ids) the token itself then
     the asked ids, each id once, as vLLM's dict of them holds it."""
     if not by_ids:
@@ -43,9 +43,9 @@ def generated_tops(chunk: GenerateChunk, k: int, by_ids: bool) -> list[list[list
     return rows
 
 
-def echo_only_chunk(rid: str, prompt_len: int) -> GenerateChunk:
+def echo_only_chunk(rid: str, prompt_len: int) -> RequestOutput:
     """The whole answer of a prompt with nothing to compute (max_tokens 0 and no prompt rows asked for)."""
-    return GenerateChunk(rid=rid, finished=True, finish_reason=FinishReason(type="length"),
+    return RequestOutput(request_id=rid, finished=True, finish_reason=FinishReason(type="length"),
                          prompt_tokens=prompt_len)
 
 

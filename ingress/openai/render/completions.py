@@ -12,7 +12,7 @@ from ingress.finish import openai_finish
 from ingress.openai.render.common import generated_ids, generated_tops, token_name
 from ingress.openai.render.prompt_logprobs import prompt_logprobs_flat, prompt_logprobs_ids, prompt_logprobs_json
 from ingress.openai.validation import VllmFields
-from protocol import GenerateChunk, compact
+from protocol import RequestOutput, compact
 
 
 @dataclass
@@ -42,7 +42,7 @@ class ChoiceBuilder:
     def _flat(self) -> bool:
         return self.vllm is not None and self.vllm.flat_b64
 
-    def needed_ids(self, chunk: GenerateChunk) -> set[int]:
+    def needed_ids(self, chunk: RequestOutput) -> set[int]:
         """Ids whose token text `delta(chunk, ...)` will look up."""
         ids: set[int] = set()
         if self.vllm is not None and self.vllm.prompt_logprobs is not None and not self.started:
@@ -55,7 +55,7 @@ class ChoiceBuilder:
                 ids.update(t for _, t in row[:self.logprobs])
         return ids | generated_ids(chunk)
 
-    def delta(self, chunk: GenerateChunk, texts: Mapping[int, str]) -> dict[str, Any]:
+    def delta(self, chunk: RequestOutput, texts: Mapping[int, str]) -> dict[str, Any]:
         """The choice's JSON for `chunk`: a streamed delta, or the whole choice for a merged chunk."""
         first = not self.started
         echo_now = self.echo and first
@@ -98,10 +98,10 @@ class ChoiceBuilder:
             if self.vllm.token_ids:  # vLLM: the prompt's ids in a choice's first delta, the new ids in each
                 if first:
                     out["prompt_token_ids"] = list(self.prompt_ids)
-                out["token_ids"] = list(chunk.output_ids)
+                out["token_ids"] = list(chunk.new_token_ids)
         return out
 
-    def _flat_logprobs(self, chunk: GenerateChunk, echo_now: bool) -> dict[str, Any]:
+    def _flat_logprobs(self, chunk: RequestOutput, echo_now: bool) -> dict[str, Any]:
         """The `logprobs` object in the compact encoding: each position's value and token id [n] (null_prefix 1 for the
         echoed first prompt token), and the k most likely [n, k]; the tokens are their ids, so no text is looked up."""
         k = self.logprobs or 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from protocol import GenerateChunk, compact
+from protocol import RequestOutput, compact
 
 LogprobEntry = dict[str, Any]
 # vLLM's stand-in for -inf, which JSON cannot write.
@@ -22,7 +22,7 @@ def _value(v: float) -> float:
     return FLOOR if v == float("-inf") else v
 
 
-def prompt_logprobs_ids(chunk: GenerateChunk, k: int) -> set[int]:
+def prompt_logprobs_ids(chunk: RequestOutput, k: int) -> set[int]:
     """The ids whose text `prompt_logprobs_json` looks up."""
     ids = {t for _, t in chunk.input_token_logprobs or ()}
     for row in chunk.input_top_logprobs or ():
@@ -30,7 +30,7 @@ def prompt_logprobs_ids(chunk: GenerateChunk, k: int) -> set[int]:
     return ids
 
 
-def prompt_logprobs_json(chunk: GenerateChunk, k: int, texts: Mapping[int, str]
+def prompt_logprobs_json(chunk: RequestOutput, k: int, texts: Mapping[int, str]
                          ) -> list[dict[str, LogprobEntry] | None]:
     """The answer's `prompt_logprobs` from a whole (merged) chunk whose request scored its prompt from position 0
     with ranks and at least k alternatives per row (the worker's top-k may be wider: another field asked more)."""
@@ -46,7 +46,7 @@ def prompt_logprobs_json(chunk: GenerateChunk, k: int, texts: Mapping[int, str]
     return out
 
 
-def prompt_logprobs_flat(chunk: GenerateChunk, k: int) -> dict[str, Any]:
+def prompt_logprobs_flat(chunk: RequestOutput, k: int) -> dict[str, Any]:
     """The same rows in the compact encoding (protocol/compact.py): the prompt tokens' values, ids and ranks [n] and the
     k most likely tokens [n, k], each with null_prefix 1 (position 0)."""
     return {**compact.encode_token_rows("prompt_logprobs", chunk.input_token_logprobs or [], null_prefix=1),
