@@ -3,6 +3,7 @@ None = not requested and [] = requested, empty."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeVar
@@ -80,6 +81,14 @@ class RequestOutput:
     weight_version: str | None = None
     # The worker's ModelInfo.version when the request started: the ingress refreshes its copy when it differs.
     info_version: str | None = None
+
+    def __reduce__(self) -> tuple[type[RequestOutput], tuple[Any, ...]]:
+        # Pickled as its values in field order, without the field names a dataclass's state would repeat in every
+        # delta: one crosses the worker -> ingress boundary per generated token.
+        return RequestOutput, _values(self)
+
+
+_values = operator.attrgetter(*(f.name for f in fields(RequestOutput)))
 
 
 def merge_outputs(deltas: Sequence[D]) -> D:

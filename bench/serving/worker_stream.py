@@ -1,7 +1,8 @@
 """The worker's CPU per streamed token: a real EngineWorker in this process (no Ray), `--streams` requests at once
 generating `--tokens` tokens each with top-`--top` logprobs, every delta pickled as Serve pickles it to send it on.
 CPU is read over the streaming alone: the process's (every thread) and the engine thread's with the torch threads it
-starts (their OS name, engine/async_engine.py), where the worker's own work on each delta runs.
+starts (their OS name, engine/async_engine.py); and, per delta, the thread CPU of the worker's own step on the engine
+thread (the callback it hands AsyncEngine.generate, timed around it) and of pickling the delta.
 
     python -m bench worker_stream [--model PATH] [--tokens 64] [--streams 8] [--top 20] [--reps 3]
                                   [--before DIR]
@@ -43,19 +44,38 @@ def _engine_threads_cpu() -> float:
     return total / tick
 
 
-async def _stream_all(worker: Any, reqs: list[Any]) -> tuple[int, int]:
-    """Every request's deltas, each pickled; (tokens streamed, deltas)."""
+def _time_worker_step(worker: Any, spent: list[float]) -> None:
+    """Adds to spent[0] the thread CPU of the callback the worker hands its engine for each delta."""
+    engine_generate = worker.engine.generate
+
+    def generate(rid: str, ids: list[int], params: Any, convert: Any, *args: Any, **kwargs: Any) -> Any:
+        def timed(out: Any) -> Any:
+            t = time.thread_time()
+            got = convert(out)
+            spent[0] += time.thread_time() - t
+            return got
+
+        return engine_generate(rid, ids, params, timed, *args, **kwargs)
+
+    worker.engine.generate = generate
+
+
+async def _stream_all(worker: Any, reqs: list[Any]) -> tuple[int, int, float]:
+    """Every request's deltas, each pickled; (tokens streamed, deltas, thread CPU seconds of the pickling)."""
     counts = [0, 0]
+    pickling = [0.0]
 
     async def one(req: Any) -> None:
         async for chunk in worker.generate(req):
+            t = time.thread_time()
             pickle.dumps(chunk, protocol=5)
+            pickling[0] += time.thread_time() - t
             ids = getattr(chunk, "new_token_ids", None)
             counts[0] += len(ids if ids is not None else chunk.output_ids)
             counts[1] += 1
 
     await asyncio.gather(*(one(r) for r in reqs))
-    return counts[0], counts[1]
+    return counts[0], counts[1], pickling[0]
 
 
 def side(args: argparse.Namespace) -> dict[str, float]:
@@ -72,11 +92,14 @@ def side(args: argparse.Namespace) -> dict[str, float]:
                 for i in range(args.streams)]
 
     asyncio.run(_stream_all(worker, requests("warm", 4)))
+    step = [0.0]
+    _time_worker_step(worker, step)
     cpu0, eng0, t0 = time.process_time(), _engine_threads_cpu(), time.perf_counter()
-    tokens, deltas = asyncio.run(_stream_all(worker, requests("timed", args.tokens)))
+    tokens, deltas, pickling = asyncio.run(_stream_all(worker, requests("timed", args.tokens)))
     cpu, eng, wall = time.process_time() - cpu0, _engine_threads_cpu() - eng0, time.perf_counter() - t0
     return {"tokens": tokens, "deltas": deltas, "cpu_us_per_token": 1e6 * cpu / tokens,
-            "engine_cpu_us_per_token": 1e6 * eng / tokens, "wall_s": wall}
+            "engine_cpu_us_per_token": 1e6 * eng / tokens, "worker_step_us_per_delta": 1e6 * step[0] / deltas,
+            "pickle_us_per_delta": 1e6 * pickling / deltas, "wall_s": wall}
 
 
 def _run_side(tree: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -120,9 +143,12 @@ def main(argv: list[str] | None = None) -> None:
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     for name, m in med.items():
         print(f"{name:>6}: worker CPU {m['cpu_us_per_token']:8.1f} us/token, engine threads "
-              f"{m['engine_cpu_us_per_token']:8.1f} us/token, {m['deltas']:.0f} deltas, {m['wall_s']:.2f} s")
+              f"{m['engine_cpu_us_per_token']:8.1f} us/token; per delta: the worker's step on the engine thread "
+              f"{m['worker_step_us_per_delta']:6.2f} us, pickling {m['pickle_us_per_delta']:6.2f} us; "
+              f"{m['deltas']:.0f} deltas, {m['wall_s']:.2f} s")
     if "before" in med:
-        for key in ("cpu_us_per_token", "engine_cpu_us_per_token"):
+        for key in ("cpu_us_per_token", "engine_cpu_us_per_token", "worker_step_us_per_delta",
+                    "pickle_us_per_delta"):
             print(f"after/before {key}: {med['after'][key] / med['before'][key]:.3f}")
 
 
