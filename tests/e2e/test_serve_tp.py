@@ -1,8 +1,8 @@
 """Tensor-parallel workers on the real local cluster: each replica reserves one bundle per rank (placement group,
 STRICT_PACK), runs rank 0 itself and N - 1 rank actors; rows equal transformers' within 1e-4, with LoRA adapters
 (from the config and loaded at run time) those of transformers + PEFT, and for mixture-of-experts models (their
-experts split over the ranks: Qwen3-MoE at TP 2, the hybrid Qwen3.5-MoE at TP 2 x PP 2); the ranks die with their
-replica; a killed rank takes the replica down and Serve replaces it."""
+experts split over the ranks: Qwen3-MoE at TP 2, each MoE family (Qwen3.5-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V3)
+at TP 2 x PP 2); the ranks die with their replica; a killed rank takes the replica down and Serve replaces it."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from tests.helpers.families import family_path
 from tests.helpers.reference import hf_logits, hf_model, hf_scores
 from tests.helpers.serve import deploy, ids_of, score_body
 from tests.helpers.tiny_adapters import build_adapter, peft_scores
+from tests.helpers.tiny_deepseek_v3 import dsv3_path
+from tests.helpers.tiny_gpt_oss import gpt_oss_path
 from tests.helpers.tiny_qwen3_5 import qwen3_5_path
 from workers.ranks import RANK_PREFIX
 
@@ -109,15 +111,27 @@ def test_two_ranks_serve_qwen3_moe_exactly(serve_url: str) -> None:
     _wait(lambda: not _alive_ranks(), 30, "rank actors outlived their replica")
 
 
-def test_tp2_pp2_serve_qwen3_5_moe_exactly(serve_url: str) -> None:
-    """Qwen3.5-MoE (a hybrid: Gated DeltaNet, gated attention, experts) over 2 stages of 2 ranks on this node: scored
-    rows (top-k) within 1e-4 of transformers' uncached forward, the same prompt again from the prefix cache (every
-    stage's ranks resume their linear layers from their share of the snapshot), greedy tokens the argmax of full
-    forwards (transformers' cached Qwen3.5 generate is not the reference: #46190)."""
-    path = qwen3_5_path("qwen3_5-moe")
-    app, url = "tpppmoe", serve_url + "/tpppmoe"
-    deploy(app, "/tpppmoe", _tp_args(model=str(path), tensor_parallel_size=2, pipeline_parallel_size=2,
-                                     block_size=16, hybrid_state_interval=16))
+def _moe_path(family: str) -> Path:
+    if family == "qwen3_5-moe":
+        return qwen3_5_path(family)
+    if family == "gpt-oss":
+        return gpt_oss_path()
+    return dsv3_path(family) if family == "dsv3" else family_path(family)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5-moe", "qwen3-moe", "gpt-oss", "dsv3"])
+def test_tp2_pp2_serve_each_moe_family_exactly(serve_url: str, family: str) -> None:
+    """Each MoE family over 2 stages of 2 ranks on this node (experts split by width; gpt-oss's sinks and windows,
+    DeepSeek-V3's latent heads, Qwen3.5-MoE's Gated DeltaNet and gated attention heads split within a stage): scored
+    rows (top-k) within 1e-4 of transformers' uncached forward, the same prompt again from the prefix cache (32
+    tokens; for the hybrid every stage's ranks resume their linear layers from their share of the snapshot), greedy
+    tokens the argmax of full forwards (transformers' cached Qwen3.5 generate is not the reference: #46190)."""
+    path = _moe_path(family)
+    app = "tppp-" + family.replace("_", "-")
+    url = f"{serve_url}/{app}"
+    hybrid = {"hybrid_state_interval": 16} if family == "qwen3_5-moe" else {}
+    deploy(app, f"/{app}", _tp_args(model=str(path), tensor_parallel_size=2, pipeline_parallel_size=2,
+                                    block_size=16, **hybrid))
     try:
         ids = rand_ids(40, seed=41)
         expected = hf_scores(path, ids, 2)
@@ -125,7 +139,7 @@ def test_tp2_pp2_serve_qwen3_5_moe_exactly(serve_url: str) -> None:
             r = httpx.post(url + "/generate", json=score_body(ids, 2, k=3), timeout=120)
             assert r.status_code == 200, r.text
             rows = r.json()["meta_info"]
-            assert (rows["cached_tokens"] == 32) == cached  # the snapshot every 16 tokens: 32 resumed
+            assert (rows["cached_tokens"] == 32) == cached  # two blocks of 16 (the hybrid: its snapshots) resumed
             assert max(abs(v - e) for (v, _), e in zip(rows["input_token_logprobs"], expected, strict=True)) <= ATOL
         prompt = ids[:10]
         out = _greedy(url, prompt, 5)["meta_info"]["output_token_logprobs"]
