@@ -44,10 +44,6 @@ class SuiteTimes:
         self.seconds[report.nodeid] += report.duration
         self.tier[report.nodeid] = tier_of(report.keywords)
 
-    def totals(self, key: str) -> dict[str, tuple[int, float]]:
-        """(tests, seconds) per tier (`key="tier"`) or per folder under tests/ (`key="folder"`)."""
-        return _totals({nodeid: (self.tier[nodeid], s) for nodeid, s in self.seconds.items()}, key)
-
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
         if not self.seconds:
             return
@@ -62,6 +58,7 @@ class SuiteTimes:
 
 
 def _totals(tests: dict[str, tuple[str, float]], key: str) -> dict[str, tuple[int, float]]:
+    """(tests, seconds) per tier (`key="tier"`) or per folder under tests/ (`key="folder"`)."""
     out: dict[str, tuple[int, float]] = {}
     for nodeid, (tier, s) in tests.items():
         name = tier if key == "tier" else _folder(nodeid)
