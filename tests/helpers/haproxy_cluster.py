@@ -254,6 +254,11 @@ def main() -> None:
         print("FACTS " + json.dumps(facts), flush=True)  # before shutting down: a crash there loses nothing
         config = _config()
         lifetime: dict[str, Any] = {"haproxy_started": reload_haproxy("front")}
+        ports = [port, int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]),
+                 int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])]
+        # What the parent needs to look for leftovers itself (`after_stop`) if this process dies in Ray's shutdown
+        # (Ray's core worker may end it there) before it prints LIFETIME.
+        print("STOPPING " + json.dumps({**lifetime, "config": config, "ports": ports}), flush=True)
     except BaseException:
         # Printed here: Ray's core worker may end the process while it shuts down, before Python prints it.
         traceback.print_exc()
@@ -265,7 +270,6 @@ def main() -> None:
         stopping.start()
         stopping.join(timeout=5)
         ray.shutdown()
-    ports = [port, int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]), int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])]
     print("LIFETIME " + json.dumps({**lifetime, **after_stop(config, ports)}), flush=True)
 
 

@@ -21,7 +21,15 @@ def hf_logits(path: str | Path, ids: list[int]) -> torch.Tensor:
 
 
 def hf_scores(path: str | Path, ids: list[int], start: int) -> list[float]:
-    """log_softmax(logits)[p, ids[p+1]] for p = start .. L-2."""
-    lp = torch.log_softmax(hf_logits(path, ids), dim=-1)
+    """log_softmax(logits)[p, ids[p+1]] for p = start .. L-2 (a fresh list each call)."""
+    return list(_hf_scores(str(path), tuple(ids), start))
+
+
+# Tests compare many answers with the scores of the same few prompts (32 requests over 4 prompts when a worker is
+# killed): one forward per prompt, not one per answer. Scores are small (a float a row); logits are not kept.
+@lru_cache(maxsize=256)
+@torch.inference_mode()
+def _hf_scores(path: str, ids: tuple[int, ...], start: int) -> tuple[float, ...]:
+    lp = torch.log_softmax(hf_logits(path, list(ids)), dim=-1)
     pos = torch.arange(start, len(ids) - 1)
-    return lp[pos, torch.tensor(ids[start + 1:])].tolist()
+    return tuple(lp[pos, torch.tensor(ids[start + 1:])].tolist())
