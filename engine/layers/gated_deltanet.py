@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.activations import ACT2FN
 
+from engine.layers.activation import activation
 from engine.layers.attention import AttentionMetadata
 from engine.layers.gated_delta import causal_conv1d, chunk_gated_delta_rule, recurrent_gated_delta_rule
 from engine.layers.gated_delta_cuda import cuda_rules
@@ -61,7 +61,7 @@ class GatedDeltaNet(nn.Module):
         hidden = int(cfg.hidden_size)
         # The checkpoint's [C, 1, K] depthwise weight, as nn.Conv1d holds it (only its weight is used).
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False)
-        self.act = ACT2FN[cfg.hidden_act]
+        self.act = activation(cfg.hidden_act)
         self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads))
         self.A_log = nn.Parameter(torch.empty(self.num_v_heads))
         self.norm = GatedRMSNorm(self.head_v_dim, cfg.rms_norm_eps)

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
+from engine.layers.activation import activation
 from engine.layers.linear import linear
 from engine.layers.moe_dispatch import run_experts
 
@@ -72,7 +72,7 @@ class SparseMoeBlock(nn.Module):
         self.experts: nn.Module = (
             StackedExperts(self.num_experts, hidden, self.width) if stacked
             else nn.ModuleList(Expert(hidden, self.width, expert_bias) for _ in range(self.num_experts)))
-        self.act = ACT2FN[act or cfg.hidden_act]
+        self.act = activation(act or cfg.hidden_act)
         self.shared_expert = shared_expert
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared_gate else None
         self.gate_up: torch.Tensor | None = None  # [E, 2W, H]

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
 from engine.invariant.activation import invariant_silu
+from engine.layers.activation import activation
 from engine.layers.attention import AttentionBackend, AttentionMetadata
 from engine.layers.linear import Linear, float32_linear
 from engine.layers.norm import RMSNorm
@@ -76,7 +76,7 @@ class MLP(nn.Module):
         self.up_proj = Linear(cfg.hidden_size, width, bias=bias)
         self.down_proj = Linear(width, cfg.hidden_size, bias=bias)
         act = act or cfg.hidden_act
-        self.act = ACT2FN[act]
+        self.act = activation(act)
         self.act_name = act
         self.silu = act in ("silu", "swish")
         self.intermediate_size = width

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 from transformers.vision_utils import get_vision_position_ids, get_vision_window_index
 
+from engine.layers.activation import activation
 from engine.layers.norm import RMSNorm
 from engine.models.vision.common import PatchEmbed, VisionBlock, axial_cos_sin
 
@@ -23,7 +23,7 @@ class VisionMLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
-        self.act = ACT2FN[cfg.hidden_act]
+        self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
 
+from engine.layers.activation import activation
 from engine.models.vision.common import PatchEmbed, VisionBlock, axial_cos_sin
 
 
@@ -21,7 +21,7 @@ class VisionMLP(nn.Module):
         super().__init__()
         self.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
         self.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
-        self.act = ACT2FN[cfg.hidden_act]
+        self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(self.act(self.linear_fc1(x)))
