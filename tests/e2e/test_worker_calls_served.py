@@ -6,34 +6,47 @@ a streamed completion of 4 text prompts (one generate_many call). Every worker c
 included: its copy of the model info is confirmed by the version each answer carries, so it makes no call of its
 own while answers come.
 
-The requests go one at a time, so the ingress never coalesces two into one call (which would read below 1)."""
+The requests go one at a time, so the ingress never coalesces two into one call (which would read below 1). What is
+counted is calls, not numbers: the app serves the tiny Llama (with a chat template for the chat route), whose
+decode steps cost a fraction of the default model's."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
 import httpx
 import pytest
+from ray import serve
 
 from checks import serve_calls
-from tests.helpers.serve import ids_of, shared_app, shared_name
+from tests.helpers.serve import app_args, deploy
 
-# The session's shared one-worker app (tests/helpers/serve.py: shared_app): the counts are read before and after
-# this module's own requests.
-APP = shared_name(num_workers=1)
+APP = "worker-calls"
 REQUESTS = 8  # per route: one extra call in all would read 1.125
 TEXT = ("The committee met on a grey morning to settle the budget for the new library, and after two hours of "
         "argument about the roof they agreed to ask the town for more time.")
+# A plain chat template (role, then content, a line each), so the tiny model serves /v1/chat/completions.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
 
 
 @pytest.fixture(scope="module")
-def url(serve_url: str):
-    return shared_app(serve_url, num_workers=1)
+def url(serve_url: str, tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    path = tmp_path_factory.mktemp("worker-calls") / "llama"
+    shutil.copytree(tiny_models["llama"], path)
+    (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    deploy(APP, f"/{APP}", app_args(model=str(path), num_workers=1, kv_cache_mb=8))
+    yield f"{serve_url}/{APP}"
+    serve.delete(APP)
 
 
 def test_serve_counts_one_worker_call_per_http_request(url: str, metrics_url: str) -> None:
     interval = serve_calls.report_interval_s()
     with httpx.Client(timeout=120) as client:
         model = client.get(url + "/v1/models").json()["data"][0]["id"]
-        bodies = {name: serve_calls.routes(model, TEXT, ids_of(48, 5))[name]
+        bodies = {name: serve_calls.routes(model, TEXT, list(range(48)))[name]
                   for name in (*serve_calls.BOUND, serve_calls.STREAMED_MANY)}
         for path, body in bodies.values():  # warm-up: the ingress's first model info and its tokenizer
             serve_calls.post(client, url + path, body)
