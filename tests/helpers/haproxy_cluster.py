@@ -237,23 +237,35 @@ def main() -> None:
     from tests.helpers.serve import wait_ready
 
     port = _free_port()
+    started = time.monotonic()
+    phases: dict[str, float] = {}  # seconds since the start at the end of each phase (printed: where the time goes)
+
+    def mark(name: str) -> None:
+        phases[name] = round(time.monotonic() - started, 1)
+
     # address="local": a Ray of its own, never one another process on the machine started (ray.init alone joins the
     # last `ray start` of the machine).
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
              runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": os.environ.get("RAYSCORE_CACHE_DIR", "")}}
              if os.environ.get("RAYSCORE_CACHE_DIR") else None)
+    mark("ray")
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port, "keep_alive_timeout_s": 5},
                     logging_config={"enable_access_log": False})
+        mark("serve")
         # weight_updates as configs/local.yaml has it: the registry actor under throughput mode (user code on the
         # replica's event loop).
         serve.run(build_app(_args()), name="front", route_prefix="/", blocking=False)
         wait_ready("front")
+        mark("app")
         _wait_routed(port)  # HAProxy learns the replica's address
+        mark("routed")
         facts = {"front_door": description, **probe(port, "front")}
+        mark("probe")
         print("FACTS " + json.dumps(facts), flush=True)  # before shutting down: a crash there loses nothing
         config = _config()
         lifetime: dict[str, Any] = {"haproxy_started": reload_haproxy("front")}
+        mark("reload")
         ports = [port, int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]),
                  int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])]
         # What the parent needs to look for leftovers itself (`after_stop`) if this process dies in Ray's shutdown
@@ -270,7 +282,10 @@ def main() -> None:
         stopping.start()
         stopping.join(timeout=5)
         ray.shutdown()
-    print("LIFETIME " + json.dumps({**lifetime, **after_stop(config, ports)}), flush=True)
+    mark("stopped")
+    left = after_stop(config, ports)
+    mark("looked")
+    print("LIFETIME " + json.dumps({**lifetime, **left, "phases": phases}), flush=True)
 
 
 def _wait_routed(port: int, timeout_s: float = 60.0) -> None:
