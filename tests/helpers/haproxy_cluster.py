@@ -198,17 +198,25 @@ def _recorded_pids(config: str) -> list[int]:
         return []
 
 
+def deploy_front(app: str, ingress_replicas: int = 1) -> None:
+    """The app deployed from a config (as `serve deploy` does): a later deploy that changes only the ingress's
+    replica count is Serve's lightweight update, a replica added beside the running ones, nothing restarted."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    config = {"name": app, "route_prefix": "/", "import_path": "deploy.app:build_app", "args": _args(),
+              "deployments": [{"name": "Ingress", "num_replicas": ingress_replicas}]}
+    _get_global_client().deploy_apps(ServeDeploySchema(applications=[config]))
+
+
 def reload_haproxy(app: str) -> int:
     """A replica change (a second ingress replica): Ray starts HAProxy again with `-sf`. How many HAProxy processes
     the shim became so far (at least 2 once the reload happened)."""
-    from ray import serve
-
-    from deploy.app import build_app
     from tests.helpers.serve import wait_ready
 
     config = _config()
     before = len(_recorded_pids(config))
-    serve.run(build_app(_args(ingress_num_replicas=2)), name=app, route_prefix="/", blocking=False)
+    deploy_front(app, ingress_replicas=2)
     wait_ready(app)
     deadline = time.monotonic() + 60
     while len(_recorded_pids(config)) <= before and time.monotonic() < deadline:
@@ -233,7 +241,6 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from deploy.app import build_app
     from tests.helpers.serve import wait_ready
 
     port = _free_port()
@@ -255,7 +262,7 @@ def main() -> None:
         mark("serve")
         # weight_updates as configs/local.yaml has it: the registry actor under throughput mode (user code on the
         # replica's event loop).
-        serve.run(build_app(_args()), name="front", route_prefix="/", blocking=False)
+        deploy_front("front")
         wait_ready("front")
         mark("app")
         _wait_routed(port)  # HAProxy learns the replica's address
