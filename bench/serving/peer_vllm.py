@@ -2,20 +2,24 @@
 serves the embedded model with `vllm serve <folder> --dtype float32 --enable-scale-out`, rayscore serves it on a local
 Ray Serve app, and both get the same prime-rl-shaped requests to /inference/v1/generate (max_tokens 1, temperature 1,
 top_p 1, prompt_logprobs 0 / 1 / 5 / 20, with and without flat_logprobs, streamed and not), compared field by field
-(bench/serving/peer_compare.py). Then each server alone runs the same scoring workload (512-token prompts scored with
-prompt_logprobs 0, 32 prompts, 8 clients) and reports prompt tokens per second. Outside `make test`: the install is
-large. `make peer-vllm` runs it.
+(bench/serving/peer_compare.py). Then each server alone, each phase on prompts of its own, every prompt row scored,
+runs the scoring loads (`--loads`, default 32 x 512 tokens by 8 clients and 96 x 48 tokens by 16 clients): vLLM on
+its token route, rayscore on `/generate`, `/v1/completions` and the token route (`--routes`; the bodies:
+bench/serving/peer_load.py), and reports prompt tokens per second, each route's ratio to vLLM's and to rayscore's
+`/generate`, and the CPU-ms per request of each serving process. `--profile DIR` then samples rayscore's proxy,
+ingress and worker with py-spy during one more phase per route on the last load: each process's CPU by stage and
+its hottest frames, written in DIR. Outside `make test`: the install is large. `make peer-vllm` runs it.
 
-    python -m bench peer_vllm [--vllm .peer/vllm-venv/bin/vllm] [--model PATH] [--prompts 32] [--clients 8]
+    python -m bench peer_vllm [--vllm .peer/vllm-venv/bin/vllm] [--model PATH] [--loads 32x512@8,96x48@16]
+                              [--routes generate,completions,token] [--no-compare] [--profile DIR]
+                              [--only rayscore|vllm]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -24,7 +28,9 @@ from typing import Any
 
 import httpx
 
+from bench.serving import peer_load, serving_cpu, stages
 from bench.serving.peer_compare import Verdict, compare
+from bench.serving.peer_load import ROUTES, Load, Phase
 
 ROUTE = "/inference/v1/generate"
 TEXTS = [
@@ -33,6 +39,9 @@ TEXTS = [
     "Naïve café owners in Zürich serve crème brûlée; 東京の天気は晴れです。 Emoji: 🙂🚀 and math: ∑ x² ≥ 0.",
     "def add(a, b):\n    return a + b\n\nprint(add(2, 3))  # prints 5",
 ]
+
+
+VLLM_ROW = "vLLM token route"
 
 
 def _free_port() -> int:
@@ -123,52 +132,83 @@ def check(rs_url: str, vllm_url: str, ids_list: list[list[int]]) -> dict[str, An
             "max_diff": total.max_diff, "cases": results}
 
 
-async def _throughput(url: str, prompts: list[list[int]], clients: int) -> float:
-    queue = list(prompts)
-
-    async def client(c: httpx.AsyncClient) -> None:
-        while queue:
-            ids = queue.pop()
-            body = {"token_ids": ids, "sampling_params": {"max_tokens": 1, "temperature": 1.0, "top_p": 1.0,
-                                                          "prompt_logprobs": 0}}
-            resp = await c.post(url + ROUTE, json=body)
-            resp.raise_for_status()
-
-    async with httpx.AsyncClient(timeout=600) as c:
-        await asyncio.gather(*(client(c) for _ in range(2)))  # warm-up on two prompts of the same length
-        queue[:] = list(prompts)
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client(c) for _ in range(clients)))
-        wall = time.perf_counter() - t0
-    return sum(len(p) for p in prompts) / wall
+def _served_model(url: str) -> str:
+    return str(httpx.get(url + "/v1/models", timeout=60).json()["data"][0]["id"])
 
 
-def _scoring_prompts(n: int, length: int, vocab: int) -> list[list[int]]:
-    rng = random.Random(44)
-    return [[rng.randrange(100, vocab - 100) for _ in range(length)] for _ in range(n)]
+class Phases:
+    """The timed phases of one run: a fresh prompt set per phase (its own seed), results by load and row name."""
+
+    def __init__(self, args: argparse.Namespace, window: Any) -> None:
+        self.args = args
+        self.window = window
+        self.results: dict[str, dict[str, Phase]] = {}
+        self._seed = 1000
+
+    def run(self, row: str, url: str, route: peer_load.Route, model: str, load: Load,
+            cpu: Any) -> Phase:
+        self._seed += 1
+        warm, prompts = peer_load.prompt_sets(self.window, load, self._seed)
+        phase = peer_load.run_phase(url, route, model, warm, prompts, load.clients, cpu,
+                                    self.args.completions_max_tokens)
+        self.results.setdefault(load.name, {})[row] = phase
+        print(f"  {row}, {load.name}: {phase.tokens_per_s:.0f} prompt tokens/s ({phase.seconds:.1f} s; CPU-ms per "
+              f"request: {', '.join(f'{k} {v:.1f}' for k, v in phase.cpu_ms.items())})", flush=True)
+        return phase
+
+    def vllm(self, url: str, proc: subprocess.Popen[bytes]) -> None:
+        model = _served_model(url)
+        for load in self.args.loads:
+            self.run(VLLM_ROW, url, ROUTES["token"], model, load, lambda: peer_load.tree_cpu_s(proc.pid))
+
+    def rayscore(self, url: str) -> None:
+        model = _served_model(url)
+        for load in self.args.loads:
+            for key in self.args.routes:
+                self.run(f"rayscore {ROUTES[key].name}", url, ROUTES[key], model, load, _rayscore_cpu)
+
+    def profile(self, url: str) -> list[str]:
+        """One more phase per route on the last load, under py-spy: each process's CPU-ms per request by stage and
+        its hottest frames (args.profile/<route>/<role>.raw and hot.txt). The lines to print."""
+        model = _served_model(url)
+        load = self.args.loads[-1]
+        lines = []
+        for key in self.args.routes:
+            route = ROUTES[key]
+            self._seed += 1
+            warm, prompts = peer_load.prompt_sets(self.window, load, self._seed)
+            folder = self.args.profile / key
+
+            def go(r: peer_load.Route = route, w: list[list[int]] = warm, p: list[list[int]] = prompts) -> Phase:
+                return peer_load.run_phase(url, r, model, w, p, load.clients, lambda: {},
+                                           self.args.completions_max_tokens)
+
+            split, why = stages.profile("peer", len(prompts), go, keep=folder)
+            lines.append(f"{route.name}, {load.name}, CPU-ms per request by stage:")
+            lines += [f"  {role}: {stages.describe(split[role])}" for role in stages.ROLES if role in split]
+            if why:
+                lines.append(f"  ({why})")
+            hot = []
+            for role in stages.ROLES:
+                raw = folder / f"{role}.raw"
+                if raw.exists():
+                    hot.append(f"== {role}")
+                    hot += [f"{share:6.1%}  {frame}" for frame, share in stages.hot_frames(raw.read_text(), 40)]
+            (folder / "hot.txt").write_text("\n".join(hot) + "\n")
+        return lines
 
 
-def _alone(args: argparse.Namespace, model: str, load: list[list[int]]) -> None:
-    """One server's scoring workload, alone on the machine."""
-    if args.only == "vllm":
-        url, proc = start_vllm(args.vllm, model, args.threads, args.out / "peer_vllm_server.log")
-        try:
-            _wait(url, proc, 900)
-            rate = asyncio.run(_throughput(url, load, args.clients))
-        finally:
-            proc.terminate()
-            proc.wait(60)
-    else:
-        import ray
-        from ray import serve
+def _rayscore_cpu() -> dict[str, float]:
+    snap = serving_cpu.snapshot("peer", include_self=False)
+    return {role: snap.by_role.get(role, 0.0) for role in ("proxy", "ingress", "worker")}
 
-        try:
-            rate = asyncio.run(_throughput(start_rayscore(model, args.threads), load, args.clients))
-        finally:
-            serve.shutdown()
-            ray.shutdown()
-    print(f"{args.only} alone: {rate:.0f} prompt tokens/s ({args.prompts} x {args.tokens}-token scoring, "
-          f"{args.clients} clients)")
+
+def _stop_rayscore() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -180,53 +220,71 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vllm", default=".peer/vllm-venv/bin/vllm", help="vLLM's CLI in its own venv")
     ap.add_argument("--model", default=None, help=f"checkpoint folder (default: the embedded {DEFAULT_MODEL})")
     ap.add_argument("--threads", type=int, default=2, help="compute threads of each server")
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--tokens", type=int, default=512)
-    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--loads", type=peer_load.parse_loads, default="32x512@8,96x48@16",
+                    help="PROMPTSxTOKENS@CLIENTS, comma-separated (default %(default)s)")
+    ap.add_argument("--routes", type=lambda t: [r.strip() for r in t.split(",")],
+                    default="generate,completions,token",
+                    help="rayscore's routes to time, comma-separated, of: " + ", ".join(ROUTES) + " (default "
+                         "%(default)s)")
+    ap.add_argument("--completions-max-tokens", type=int, choices=(0, 1), default=0,
+                    help="/v1/completions' max_tokens: 0 scores the prompt only, 1 is lm-eval's form")
+    ap.add_argument("--no-compare", action="store_true", help="skip the field-by-field comparison")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="a folder: one more phase per rayscore route on the last load under py-spy (stages.py)")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--only", choices=("rayscore", "vllm"), default=None,
-                    help="time one server's scoring workload alone, no comparison (a rerun on a quieter machine)")
+                    help="time one server's phases alone, no comparison (a rerun on a quieter machine)")
     args = ap.parse_args(argv)
+    if unknown := [r for r in args.routes if r not in ROUTES]:
+        ap.error(f"--routes: {unknown} not among {list(ROUTES)}")
     model = str(args.model or ensure_default_model())
     from transformers import AutoTokenizer
 
+    from bench.lib.prompts import PromptSource
+
     tok = AutoTokenizer.from_pretrained(model)
     ids_list = [tok.encode(t, add_special_tokens=False) for t in TEXTS]
-    load = _scoring_prompts(args.prompts, args.tokens, len(tok))
+    phases = Phases(args, PromptSource(tok).window)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.only is not None:
-        _alone(args, model, load)
-        return
-    report: dict[str, Any] = {"model": model, "threads": args.threads, "workload": {
-        "prompts": args.prompts, "tokens": args.tokens, "clients": args.clients, "prompt_logprobs": 0}}
-    vllm_url, proc = start_vllm(args.vllm, model, args.threads, args.out / "peer_vllm_server.log")
-    try:
-        _wait(vllm_url, proc, 900)
-        print("vLLM alone: scoring workload ...", flush=True)
-        report["vllm_tokens_per_s"] = asyncio.run(_throughput(vllm_url, load, args.clients))
-        print(f"  vLLM: {report['vllm_tokens_per_s']:.0f} prompt tokens/s", flush=True)
-        rs_url = start_rayscore(model, args.threads)
-        print("both: the same requests, compared field by field ...", flush=True)
-        report["compare"] = check(rs_url, vllm_url, ids_list)
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    print("rayscore alone: scoring workload ...", flush=True)
-    try:
-        report["rayscore_tokens_per_s"] = asyncio.run(_throughput(rs_url, load, args.clients))
-        print(f"  rayscore: {report['rayscore_tokens_per_s']:.0f} prompt tokens/s", flush=True)
-    finally:
-        import ray
-        from ray import serve
-
-        serve.shutdown()
-        ray.shutdown()
-    cmp = report["compare"]
-    print(f"\npeer check: {cmp['agree']}/{cmp['requests']} answers agree (max value diff {cmp['max_diff']:.2e}, "
-          f"{cmp['values']} values, {cmp['ties']} ranks/ids accepted as ties)\n"
-          f"tokens/s ({args.prompts} x {args.tokens}-token scoring, {args.clients} clients, each alone): rayscore "
-          f"{report['rayscore_tokens_per_s']:.0f}, vLLM {report['vllm_tokens_per_s']:.0f}")
-    path = args.out / f"peer_vllm_{time.strftime('%Y%m%d-%H%M%S')}.json"
+    report: dict[str, Any] = {"model": model, "threads": args.threads, "loads": [vars(x) for x in args.loads],
+                              "routes": args.routes, "completions_max_tokens": args.completions_max_tokens,
+                              "load_average_start": os.getloadavg()}
+    rs_url = None
+    if args.only != "rayscore":
+        vllm_url, proc = start_vllm(args.vllm, model, args.threads, args.out / "peer_vllm_server.log")
+        try:
+            _wait(vllm_url, proc, 900)
+            print("vLLM alone:", flush=True)
+            phases.vllm(vllm_url, proc)
+            if args.only is None and not args.no_compare:
+                rs_url = start_rayscore(model, args.threads)
+                print("both: the same requests, compared field by field ...", flush=True)
+                report["compare"] = check(rs_url, vllm_url, ids_list)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    if args.only != "vllm":
+        try:
+            rs_url = rs_url or start_rayscore(model, args.threads)
+            print("rayscore alone:", flush=True)
+            phases.rayscore(rs_url)
+            if args.profile is not None:
+                print("\n".join(phases.profile(rs_url)), flush=True)
+        finally:
+            _stop_rayscore()
+    report["load_average_end"] = os.getloadavg()
+    report["phases"] = {load: {row: vars(p) for row, p in got.items()} for load, got in phases.results.items()}
+    table = peer_load.summary(phases.results, args.loads)
+    print("\n" + "\n".join(table))
+    ok = True
+    if "compare" in report:
+        cmp = report["compare"]
+        ok = cmp["agree"] == cmp["requests"]
+        print(f"\npeer check: {cmp['agree']}/{cmp['requests']} answers agree (max value diff {cmp['max_diff']:.2e}, "
+              f"{cmp['values']} values, {cmp['ties']} ranks/ids accepted as ties)")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = args.out / f"peer_vllm_{stamp}.json"
     path.write_text(json.dumps(report, indent=1))
+    (args.out / f"peer_vllm_{stamp}.md").write_text("\n".join(table) + "\n")
     print(f"wrote {path}")
-    sys.exit(0 if cmp["agree"] == cmp["requests"] else 1)
+    sys.exit(0 if ok else 1)

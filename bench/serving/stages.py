@@ -97,10 +97,29 @@ def pyspy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-def profiled(pids: dict[str, int], seconds: float, go: Callable[[], T], rate: int = 50) -> tuple[T, dict[str, Split],
-                                                                                                 str | None]:
+def hot_frames(text: str, n: int = 20) -> list[tuple[str, float]]:
+    """py-spy's raw stacks -> the `n` frames found in the most samples (each counted once per stack, idle stacks
+    dropped), with their share of the samples: where a process's time goes, finer than its stages."""
+    counts: Counter[str] = Counter()
+    total = 0
+    for line in text.splitlines():
+        stack_text, _, count = line.rpartition(" ")
+        if not stack_text.strip() or not count.isdigit():
+            continue
+        stack = stack_text.split(";")
+        if stack[-1].startswith(IDLE_LEAVES):
+            continue
+        total += int(count)
+        for frame in set(stack):
+            counts[frame] += int(count)
+    return [(frame, c / total) for frame, c in counts.most_common(n)] if total else []
+
+
+def profiled(pids: dict[str, int], seconds: float, go: Callable[[], T], rate: int = 50, keep: Path | None = None
+             ) -> tuple[T, dict[str, Split], str | None]:
     """go() while py-spy samples each process of `pids` (role -> pid) for up to `seconds`: (go's result, the split
-    per role, None or why there is none)."""
+    per role, None or why there is none). `keep`: a folder where each role's raw stacks are also written
+    (`<role>.raw`, for `hot_frames`)."""
     exe = pyspy()
     if exe is None:
         return go(), {}, "py-spy is not installed (dev extras)"
@@ -126,6 +145,9 @@ def profiled(pids: dict[str, int], seconds: float, go: Callable[[], T], rate: in
             out = Path(tmp) / f"{role}.raw"
             if out.exists():
                 splits[role] = parse_raw(out.read_text())
+                if keep is not None:
+                    keep.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(out, keep / f"{role}.raw")
             else:
                 errors.append(f"{role}: {(err or '').strip().splitlines()[-1:] or 'no output'}")
     return result, splits, ("; ".join(errors) or None)
@@ -152,11 +174,12 @@ def describe(stage_ms: dict[str, float], floor: float = 0.05) -> str:
     return ", ".join(f"{stage} {v:.2f}" for stage, v in stage_ms.items() if v >= floor)
 
 
-def profile(app: str, units: int, go: Callable[[], object]) -> tuple[dict[str, dict[str, float]], str | None]:
+def profile(app: str, units: int, go: Callable[[], object], keep: Path | None = None
+            ) -> tuple[dict[str, dict[str, float]], str | None]:
     """go() (one untimed repetition against `app`) under py-spy: (role -> stage -> CPU-ms per unit, None or why
-    there is no split). `units`: the requests (or tokens) go() serves."""
+    there is no split). `units`: the requests (or tokens) go() serves; `keep`: as `profiled`'s."""
     before = serving_cpu.snapshot(app)
-    _, splits, why = profiled(serving_cpu.pids(app, ROLES), 900, go)
+    _, splits, why = profiled(serving_cpu.pids(app, ROLES), 900, go, keep=keep)
     delta = serving_cpu.snapshot(app).minus(before)
     ms = serving_cpu.per_request_ms(delta, units, ROLES)
     engine_ms = 1e3 * delta.worker_threads.get(ENGINE_THREAD_OS_NAME, 0.0) / units
