@@ -46,11 +46,12 @@ class IngressSettings:
                                    "0: never.")
     # transport/coalesce.py: a short request's worker call costs as much serving CPU as its engine share on a GPU.
     coalesce_max_in_flight: int = _doc(8, "Non-streamed worker calls one ingress replica has out at once before the "
-                                       "scoring requests (max_tokens 0) that arrive meanwhile are sent "
-                                       "together as one call. Keep it at least twice the most workers (fewer calls "
-                                       "than workers leave some idle); 0: every request its own call.")
-    coalesce_max_tokens: int = _doc(2048, "Most prompt tokens in one coalesced worker call; a scoring request "
-                                    "larger than this is sent alone.")
+                                       "scoring requests (max_tokens 0, or 1: a prompt's logprobs and one token) "
+                                       "that arrive meanwhile are sent together as one call. Keep it at least twice "
+                                       "the most workers (fewer calls than workers leave some idle); 0: every "
+                                       "request its own call.")
+    coalesce_max_tokens: int = _doc(2048, "Most tokens (prompt and new) in one coalesced worker call; a scoring "
+                                    "request larger than this is sent alone.")
     model_info_ttl_s: float = _doc(60.0, "How long the ingress trusts its copy of the workers' model info (their "
                                    "runtime limits, user_config) without a worker's answer: every answer carries "
                                    "the workers' model-info version, and one that differs (a user_config change, a "

@@ -36,6 +36,9 @@ class TextSide:
             raise RuntimeError("The worker reported no model folder: the ingress cannot load the tokenizer.")
         self.info = info
         self.tokenizer: Any = AutoTokenizer.from_pretrained(info.model_path)
+        # Each id's text decoded alone, as `token_texts` made it: a logprob answer names the same few thousand ids
+        # again and again, and decoding them one at a time is most of its rendering. At most the vocabulary.
+        self._token_texts: dict[int, str] = {}
 
     def untokenizable(self, text: str, what: str = "prompt") -> rules.Violation | None:
         return rules.untokenizable(text, self.info.max_model_len, self.info.prompt_chars_per_token, what)
@@ -66,9 +69,23 @@ class TextSide:
         return texts
 
     def token_texts(self, ids: list[int]) -> list[str]:
-        """Each id decoded alone, special tokens included: OpenAI's per-token strings (`logprobs.tokens`)."""
-        texts: list[str] = self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)
-        return texts
+        """Each id decoded alone, special tokens included: OpenAI's per-token strings (`logprobs.tokens`). The ids
+        decoded before come from the cache; the others are decoded (in the caller's thread) and kept."""
+        cache = self._token_texts
+        missing = [i for i in dict.fromkeys(ids) if i not in cache]
+        if missing:
+            texts = self.tokenizer.batch_decode([[i] for i in missing], skip_special_tokens=False)
+            cache.update(zip(missing, texts, strict=True))
+        return [cache[i] for i in ids]
+
+    def cached_token_texts(self, ids: list[int]) -> list[str] | None:
+        """`token_texts(ids)` when every id's text was decoded before (no tokenizer work: no thread needed), else
+        None."""
+        cache = self._token_texts
+        try:
+            return [cache[i] for i in ids]
+        except KeyError:
+            return None
 
     def chat_prompt(self, messages: list[dict[str, Any]], image_ids: tuple[int, ...] = ()) -> ChatPrompt:
         """`messages` ({role, content} with text content, and name / tool_calls / tool_call_id) under the

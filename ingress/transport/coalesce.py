@@ -6,10 +6,11 @@ GPU. So once `max_in_flight` calls of such requests are out, the ones that arriv
 call when one of those returns: under load a worker gets few large calls, and an idle server answers a lone request
 at once, with no added wait.
 
-Only scoring (max_tokens 0) coalesces, at most `max_tokens` prompt tokens in one call: a coalesced call is cancelled
-only when every request in it is gone (its client left or its deadline passed), so what a departed client leaves
-running is bounded to that. A generation or a larger batch goes alone, as before. Each request keeps its own
-admission group (fan_out.py): a refusal of one is that one's answer only.
+Only scoring coalesces - max_tokens 0, or 1: the one token that vLLM's prompt_logprobs request and lm-eval's
+loglikelihood request generate after the prompt, made in the prefill's step - at most `max_tokens` tokens in one call:
+a coalesced call is cancelled only when every request in it is gone (its client left or its deadline passed), so
+what a departed client leaves running is bounded to that. A longer generation or a larger batch goes alone. Each
+request keeps its own admission group (fan_out.py): a refusal of one is that one's answer only.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from protocol import GenerateRequest, RequestOutput
 
 Call = Callable[[list[GenerateRequest]], Awaitable[list[RequestOutput]]]
+# The most tokens a request that may coalesce generates: its prompt's step makes them, so it costs what scoring costs.
+MAX_NEW_TOKENS = 1
 
 
 @dataclass
@@ -62,12 +65,12 @@ class Coalescer:
         self._max_in_flight, self._max_tokens = max_in_flight, max_tokens
 
     def _tokens(self, reqs: Sequence[GenerateRequest]) -> int | None:
-        """Prompt tokens of `reqs` when every one may coalesce (scoring), else None."""
+        """Tokens (prompt and new) of `reqs` when every one may coalesce (scoring), else None."""
         total = 0
         for req in reqs:
-            if req.params.max_tokens != 0:
+            if req.params.max_tokens > MAX_NEW_TOKENS:
                 return None
-            total += len(req.input_ids)
+            total += _size(req)
         return total
 
     async def answers(self, reqs: list[GenerateRequest]) -> list[RequestOutput]:
@@ -117,7 +120,7 @@ class Coalescer:
             tokens = 0
             while self._queue:
                 nxt = self._queue[0]
-                size = sum(len(r.input_ids) for r in nxt.reqs)
+                size = sum(_size(r) for r in nxt.reqs)
                 if taken and tokens + size > self._max_tokens:
                     break
                 taken.append(self._queue.popleft())
@@ -152,3 +155,7 @@ class Coalescer:
         finally:
             self._in_flight -= 1
             self._start()
+
+
+def _size(req: GenerateRequest) -> int:
+    return len(req.input_ids) + req.params.max_tokens

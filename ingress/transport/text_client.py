@@ -52,7 +52,9 @@ class TextClient:
         return await asyncio.to_thread((await self.text_side()).decode_many, prompts)
 
     async def token_texts(self, ids: list[int]) -> list[str]:
-        return await asyncio.to_thread((await self.text_side()).token_texts, ids)
+        text = await self.text_side()
+        known = text.cached_token_texts(ids)  # the usual case once the ingress has answered for a while
+        return known if known is not None else await asyncio.to_thread(text.token_texts, ids)
 
     async def apply_chat_template(self, messages: list[dict[str, Any]],
                                   image_ids: tuple[int, ...] = ()) -> ChatPrompt:

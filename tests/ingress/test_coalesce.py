@@ -11,8 +11,8 @@ from ingress.transport.coalesce import Coalescer
 from protocol import GenerateRequest, RequestOutput, SamplingParams
 
 
-def scoring(rid: str, n: int = 8) -> GenerateRequest:
-    return GenerateRequest(rid=rid, input_ids=list(range(1, n + 1)), params=SamplingParams(max_tokens=0))
+def scoring(rid: str, n: int = 8, max_tokens: int = 0) -> GenerateRequest:
+    return GenerateRequest(rid=rid, input_ids=list(range(1, n + 1)), params=SamplingParams(max_tokens=max_tokens))
 
 
 class HeldCall:
@@ -93,9 +93,28 @@ def test_a_coalesced_call_holds_at_most_max_tokens() -> None:
     asyncio.run(main())
 
 
+def test_a_prompt_with_one_new_token_coalesces_and_counts_it() -> None:
+    """vLLM's prompt_logprobs request and lm-eval's loglikelihood request generate one token: scoring's cost, so they
+    coalesce; the new token counts toward max_tokens (7 + 1 + 7 + 1 = 16 fits, a third does not)."""
+    async def main() -> None:
+        call = HeldCall()
+        co = Coalescer(call, max_in_flight=1, max_tokens=16)
+        first = asyncio.ensure_future(co.answers([scoring("a")]))
+        await settle()
+        later = [asyncio.ensure_future(co.answers([scoring(f"b{i}", n=7, max_tokens=1)])) for i in range(3)]
+        await settle()
+        assert call.calls == [["a"]]  # they wait for the slot, as scoring does
+        call.release.set()
+        await asyncio.gather(first, *later)
+        assert call.calls == [["a"], ["b0", "b1"], ["b2"]]
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("req", [
-    GenerateRequest(rid="g", input_ids=[1, 2, 3], params=SamplingParams(max_tokens=4)),  # a generation
+    GenerateRequest(rid="g", input_ids=[1, 2, 3], params=SamplingParams(max_tokens=2)),  # a generation
     scoring("g", n=64),  # over max_tokens
+    scoring("g", n=32, max_tokens=1),  # with its new token, over max_tokens
 ])
 def test_what_may_not_coalesce_never_waits(req: GenerateRequest) -> None:
     async def main() -> None:

@@ -33,6 +33,10 @@ async def test_the_text_side_answers_as_the_served_tokenizer(smollm2_path: Path)
     assert await backend.detokenize_many([ids, ids[:2]]) == [tok.decode(i, skip_special_tokens=False)
                                                            for i in (ids, ids[:2])]
     assert await backend.token_texts(ids) == [tok.decode([i], skip_special_tokens=False) for i in ids]
+    # Again, in another order with ids not seen before: the cached texts and the new ones are each id's own.
+    mixed = [*ids[::-1], 1234, ids[0], 4321]
+    assert await backend.token_texts(mixed) == [tok.decode([i], skip_special_tokens=False) for i in mixed]
+    assert backend._text.value is not None and backend._text.value.cached_token_texts([1234, 4321]) is not None
     prompt = await backend.apply_chat_template(CHAT)
     want = tok.encode(tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True),
                       add_special_tokens=False)
