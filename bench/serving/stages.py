@@ -14,6 +14,7 @@ the split is absent and the bench says why, the per-process figures stay.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -49,6 +50,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("HTTP server (uvicorn, ASGI)", ("uvicorn/", "h11/", "httptools", "starlette/", "fastapi/", "http_util.py")),
 )
 ROLES = ("proxy", "ingress", "worker")
+_LINE = re.compile(r":\d+\)$")
 OTHER = "other (asyncio, Python runtime)"
 IDLE_LEAVES = ("Worker.main_loop (",)
 
@@ -110,7 +112,7 @@ def hot_frames(text: str, n: int = 20) -> list[tuple[str, float]]:
         if stack[-1].startswith(IDLE_LEAVES):
             continue
         total += int(count)
-        for frame in set(stack):
+        for frame in {_LINE.sub(")", f) for f in stack}:  # a function once, whatever line of it ran
             counts[frame] += int(count)
     return [(frame, c / total) for frame, c in counts.most_common(n)] if total else []
 

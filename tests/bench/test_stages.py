@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.serving.stages import ENGINE_THREAD, OTHER, parse_raw, per_stage_ms, stage_of
+from bench.serving.stages import ENGINE_THREAD, OTHER, hot_frames, parse_raw, per_stage_ms, stage_of
 
 RAW = """\
 Thread.run (t.py:9);AsyncEngine._loop (engine/async_engine.py:240);LLMEngine.step (engine/llm_engine.py:300) 60
@@ -21,6 +21,14 @@ def test_stacks_go_to_the_innermost_stage_and_idle_loops_are_dropped() -> None:
     assert dict(split.samples) == {ENGINE_THREAD: 60, "carrier pickling": 10, "Serve routing and handle calls": 20,
                                    OTHER: 10}
     assert split.share()[ENGINE_THREAD] == pytest.approx(0.6)
+
+
+def test_hot_frames_count_each_function_once_per_stack_without_idle_loops() -> None:
+    hot = dict(hot_frames(RAW))  # 100 samples off the idle loop; Router.assign_request in 30 of them
+    assert hot["run (asyncio/base_events.py)"] == pytest.approx(0.4)
+    assert hot["Router.assign_request (ray/serve/_private/router.py)"] == pytest.approx(0.3)
+    assert hot["LLMEngine.step (engine/llm_engine.py)"] == pytest.approx(0.6)
+    assert "Worker.main_loop (ray/_private/worker.py)" not in hot
 
 
 def test_rendering_inside_a_route_is_rendering() -> None:
