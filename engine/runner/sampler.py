@@ -15,8 +15,12 @@ def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     temp = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
     # Greedy rows never get here; the clamp keeps a caller that skips that rule from dividing by ~0.
     x = logits / temp.clamp_min(MIN_TEMPERATURE)[:, None]
-    sorted_x, order = x.sort(dim=-1, descending=True)
     vocab = x.shape[-1]
+    if not any(_filters(p, vocab) for p in params):
+        # Temperature only (prime-rl's teacher call: temperature 1, top_p 1): the masks below would keep every
+        # token, so their vocabulary-wide sort and scatter would give x back, value for value.
+        return x
+    sorted_x, order = x.sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=device)[None, :]
     top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
     remove = rank >= top_k[:, None]
@@ -29,6 +33,11 @@ def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     remove[:, 0] = False
     sorted_x = sorted_x.masked_fill(remove, float("-inf"))
     return torch.empty_like(x).scatter_(1, order, sorted_x)
+
+
+def _filters(p: SamplingParams, vocab: int) -> bool:
+    """Whether a row's top-k, top-p or min-p can drop a token."""
+    return 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],

@@ -38,6 +38,22 @@ def test_min_p_drops_unlikely() -> None:
     assert torch.isfinite(x).nonzero()[:, 1].tolist() == [0, 1, 2]
 
 
+def test_temperature_alone_skips_the_masks_and_keeps_every_value() -> None:
+    """Rows that no top-k, top-p or min-p can cut take the shortcut (logits / T); a row that takes the masks but
+    drops nothing gives the same values, so either way a seeded draw is the same token."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 100)
+    plain = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=100, top_p=1.0)]
+    x = apply_filters(logits, plain)
+    assert torch.equal(x, logits / torch.tensor([[0.7], [1.3]]))
+    masked = apply_filters(logits, [SamplingParams(temperature=0.7, min_p=1e-30),
+                                    SamplingParams(temperature=1.3, min_p=1e-30)])  # the masks, nothing dropped
+    assert torch.equal(x, masked)
+    assert sample(logits, plain, [_gen(5), _gen(6)]).tolist() == sample(
+        logits, [SamplingParams(temperature=0.7, min_p=1e-30), SamplingParams(temperature=1.3, min_p=1e-30)],
+        [_gen(5), _gen(6)]).tolist()
+
+
 def test_seeded_rows_independent_of_batch() -> None:
     torch.manual_seed(0)
     logits = torch.randn(4, 100)
