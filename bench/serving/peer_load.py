@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,9 +100,11 @@ ROUTES: dict[str, Route] = {
 
 
 def prompt_sets(window: Callable[[random.Random, int], list[int]], load: Load, seed: int,
-                warm: int = 2) -> tuple[list[list[int]], list[list[int]]]:
+                warm: int | None = None) -> tuple[list[list[int]], list[list[int]]]:
     """(warm-up prompts, timed prompts) of `load`'s length, cut by `window` (PromptSource.window) with a seed of the
-    phase's own: every phase scores prompts no other phase sent."""
+    phase's own: every phase scores prompts no other phase sent. `warm`: how many warm-up prompts (default: one per
+    client, so the warm-up sends the phase's batch shapes)."""
+    warm = load.clients if warm is None else warm
     rng = random.Random(seed)
     prompts = [window(rng, load.tokens) for _ in range(warm + load.prompts)]
     return prompts[:warm], prompts[warm:]
@@ -173,18 +176,27 @@ def tree_cpu_s(pid: int) -> dict[str, float]:
     return {"server": total}
 
 
-def summary(results: dict[str, dict[str, Phase]], loads: list[Load]) -> list[str]:
-    """Markdown table lines: per load, each route's tokens/s, its ratio to vLLM's and to rayscore's /generate, and
-    its CPU-ms per request. `results`: load name -> "vLLM token route" / a rayscore route's name -> Phase."""
+def median_phase(phases: list[Phase]) -> Phase:
+    """The repetitions of one row as one: the median of tokens/s, of seconds and of each role's CPU-ms."""
+    return Phase(statistics.median(p.tokens_per_s for p in phases), statistics.median(p.seconds for p in phases),
+                 {role: statistics.median(p.cpu_ms.get(role, 0.0) for p in phases) for role in phases[0].cpu_ms})
+
+
+def summary(results: dict[str, dict[str, list[Phase]]], loads: list[Load], vllm_row: str,
+            generate_row: str) -> list[str]:
+    """Markdown table lines: per load, each row's tokens/s (the median over its repetitions, each one in brackets
+    when there are several), its ratio to vLLM's and to rayscore's /generate (medians), and its CPU-ms per request
+    (medians). `results`: load name -> row name -> its phases."""
     lines = ["| load | server, route | prompt tokens/s | / vLLM | / `/generate` | CPU-ms per request |",
              "|---|---|---|---|---|---|"]
     for load in loads:
-        got = results.get(load.name, {})
-        vllm = got.get("vLLM token route")
-        gen = got.get("rayscore /generate")
+        got = {name: median_phase(phases) for name, phases in results.get(load.name, {}).items() if phases}
+        vllm, gen = got.get(vllm_row), got.get(generate_row)
         for name, phase in got.items():
-            to_vllm = f"{phase.tokens_per_s / vllm.tokens_per_s:.2f}" if vllm and name != "vLLM token route" else ""
-            to_gen = f"{phase.tokens_per_s / gen.tokens_per_s:.2f}" if gen and name.startswith("rayscore") else ""
+            reps = results[load.name][name]
+            each = f" ({', '.join(f'{p.tokens_per_s:.0f}' for p in reps)})" if len(reps) > 1 else ""
+            to_vllm = f"{phase.tokens_per_s / vllm.tokens_per_s:.2f}" if vllm and name != vllm_row else ""
+            to_gen = f"{phase.tokens_per_s / gen.tokens_per_s:.2f}" if gen and name != vllm_row else ""
             cpu = ", ".join(f"{role} {ms:.1f}" for role, ms in phase.cpu_ms.items())
-            lines.append(f"| {load.name} | {name} | {phase.tokens_per_s:.0f} | {to_vllm} | {to_gen} | {cpu} |")
+            lines.append(f"| {load.name} | {name} | {phase.tokens_per_s:.0f}{each} | {to_vllm} | {to_gen} | {cpu} |")
     return lines

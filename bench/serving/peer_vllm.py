@@ -11,7 +11,7 @@ ingress and worker with py-spy during one more phase per route on the last load:
 its hottest frames, written in DIR. Outside `make test`: the install is large. `make peer-vllm` runs it.
 
     python -m bench peer_vllm [--vllm .peer/vllm-venv/bin/vllm] [--model PATH] [--loads 32x512@8,96x48@16]
-                              [--routes generate,completions,token] [--no-compare] [--profile DIR]
+                              [--routes generate,completions,token] [--reps N] [--no-compare] [--profile DIR]
                               [--only rayscore|vllm]
 """
 
@@ -137,35 +137,48 @@ def _served_model(url: str) -> str:
 
 
 class Phases:
-    """The timed phases of one run: a fresh prompt set per phase (its own seed), results by load and row name."""
+    """The timed phases of one run: a fresh prompt set per phase (its own seed), results by load and row name, each
+    row's repetitions in order (`--reps`: the rayscore routes take turns going first)."""
 
     def __init__(self, args: argparse.Namespace, window: Any) -> None:
         self.args = args
         self.window = window
-        self.results: dict[str, dict[str, Phase]] = {}
+        self.results: dict[str, dict[str, list[Phase]]] = {}
         self._seed = 1000
+
+    def _prompts(self, load: Load, warm: int | None = None) -> tuple[list[list[int]], list[list[int]]]:
+        self._seed += 1
+        return peer_load.prompt_sets(self.window, load, self._seed, warm)
 
     def run(self, row: str, url: str, route: peer_load.Route, model: str, load: Load,
             cpu: Any) -> Phase:
-        self._seed += 1
-        warm, prompts = peer_load.prompt_sets(self.window, load, self._seed)
+        warm, prompts = self._prompts(load)
         phase = peer_load.run_phase(url, route, model, warm, prompts, load.clients, cpu,
                                     self.args.completions_max_tokens)
-        self.results.setdefault(load.name, {})[row] = phase
+        self.results.setdefault(load.name, {}).setdefault(row, []).append(phase)
         print(f"  {row}, {load.name}: {phase.tokens_per_s:.0f} prompt tokens/s ({phase.seconds:.1f} s; CPU-ms per "
               f"request: {', '.join(f'{k} {v:.1f}' for k, v in phase.cpu_ms.items())})", flush=True)
         return phase
 
     def vllm(self, url: str, proc: subprocess.Popen[bytes]) -> None:
         model = _served_model(url)
-        for load in self.args.loads:
-            self.run(VLLM_ROW, url, ROUTES["token"], model, load, lambda: peer_load.tree_cpu_s(proc.pid))
+        for _ in range(self.args.reps):
+            for load in self.args.loads:
+                self.run(VLLM_ROW, url, ROUTES["token"], model, load, lambda: peer_load.tree_cpu_s(proc.pid))
 
     def rayscore(self, url: str) -> None:
         model = _served_model(url)
-        for load in self.args.loads:
-            for key in self.args.routes:
-                self.run(f"rayscore {ROUTES[key].name}", url, ROUTES[key], model, load, _rayscore_cpu)
+        # One untimed phase of every route first (the ingress loads its tokenizer at the first text it needs), so
+        # the route that goes first pays no start-up.
+        for key in self.args.routes:
+            warm, prompts = self._prompts(self.args.loads[-1])
+            peer_load.run_phase(url, ROUTES[key], model, warm, prompts[:self.args.loads[-1].clients],
+                                self.args.loads[-1].clients, dict, self.args.completions_max_tokens)
+        for rep in range(self.args.reps):
+            for load in self.args.loads:
+                keys = self.args.routes[rep % len(self.args.routes):] + self.args.routes[:rep % len(self.args.routes)]
+                for key in keys:
+                    self.run(f"rayscore {ROUTES[key].name}", url, ROUTES[key], model, load, _rayscore_cpu)
 
     def profile(self, url: str) -> list[str]:
         """One more phase per route on the last load, under py-spy: each process's CPU-ms per request by stage and
@@ -175,8 +188,7 @@ class Phases:
         lines = []
         for key in self.args.routes:
             route = ROUTES[key]
-            self._seed += 1
-            warm, prompts = peer_load.prompt_sets(self.window, load, self._seed)
+            warm, prompts = self._prompts(load)
             folder = self.args.profile / key
 
             def go(r: peer_load.Route = route, w: list[list[int]] = warm, p: list[list[int]] = prompts) -> Phase:
@@ -228,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
                          "%(default)s)")
     ap.add_argument("--completions-max-tokens", type=int, choices=(0, 1), default=0,
                     help="/v1/completions' max_tokens: 0 scores the prompt only, 1 is lm-eval's form")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="repetitions of every phase, each on prompts of its own (the routes take turns going "
+                         "first); the table gives the medians")
     ap.add_argument("--no-compare", action="store_true", help="skip the field-by-field comparison")
     ap.add_argument("--profile", type=Path, default=None,
                     help="a folder: one more phase per rayscore route on the last load under py-spy (stages.py)")
@@ -273,8 +288,9 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             _stop_rayscore()
     report["load_average_end"] = os.getloadavg()
-    report["phases"] = {load: {row: vars(p) for row, p in got.items()} for load, got in phases.results.items()}
-    table = peer_load.summary(phases.results, args.loads)
+    report["phases"] = {load: {row: [vars(p) for p in reps] for row, reps in got.items()}
+                        for load, got in phases.results.items()}
+    table = peer_load.summary(phases.results, args.loads, VLLM_ROW, f"rayscore {ROUTES['generate'].name}")
     print("\n" + "\n".join(table))
     ok = True
     if "compare" in report:

@@ -32,3 +32,14 @@ def test_each_phase_has_prompts_of_its_own() -> None:
     _, other = peer_load.prompt_sets(_window, load, seed=2)
     assert not {tuple(p) for p in timed} & {tuple(p) for p in other}
     assert peer_load.prompt_sets(_window, load, seed=1)[1] == timed  # the same seed, the same set
+
+
+def test_the_table_gives_medians_and_ratios_to_vllm_and_generate() -> None:
+    load = Load(4, 8, 2)
+    results = {load.name: {
+        "vLLM": [peer_load.Phase(100.0, 1.0, {"server": 5.0})],
+        "/generate": [peer_load.Phase(v, 1.0, {"worker": w}) for v, w in ((90.0, 4.0), (110.0, 6.0), (200.0, 9.0))],
+        "token": [peer_load.Phase(99.0, 1.0, {"worker": 3.0})]}}
+    lines = peer_load.summary(results, [load], "vLLM", "/generate")
+    assert lines[3] == f"| {load.name} | /generate | 110 (90, 110, 200) | 1.10 | 1.00 | worker 6.0 |"
+    assert lines[4] == f"| {load.name} | token | 99 | 0.99 | 0.90 | worker 3.0 |"
