@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -78,19 +78,24 @@ def stage_of(stack: list[str]) -> str:
 def parse_raw(text: str) -> Split:
     """py-spy's `--format raw` (collapsed stacks: "frame;frame;... count" a line) into samples per stage."""
     split = Split()
+    for stack, count in _busy_stacks(text):
+        # The engine thread is one stage whatever runs on top of it (model, sampler, carriers built there).
+        if any(ENGINE_ROOT in frame for frame in stack):
+            split.samples[ENGINE_THREAD] += count
+        else:
+            split.samples[stage_of(stack)] += count
+    return split
+
+
+def _busy_stacks(text: str) -> Iterator[tuple[list[str], int]]:
+    """py-spy's raw lines as (frames outermost first, samples), idle stacks left out."""
     for line in text.splitlines():
         stack_text, _, count = line.rpartition(" ")
         if not stack_text.strip() or not count.isdigit():
             continue
         stack = stack_text.split(";")
-        if stack[-1].startswith(IDLE_LEAVES):
-            continue
-        # The engine thread is one stage whatever runs on top of it (model, sampler, carriers built there).
-        if any(ENGINE_ROOT in frame for frame in stack):
-            split.samples[ENGINE_THREAD] += int(count)
-        else:
-            split.samples[stage_of(stack)] += int(count)
-    return split
+        if not stack[-1].startswith(IDLE_LEAVES):
+            yield stack, int(count)
 
 
 def pyspy() -> str | None:
@@ -104,16 +109,10 @@ def hot_frames(text: str, n: int = 20) -> list[tuple[str, float]]:
     dropped), with their share of the samples: where a process's time goes, finer than its stages."""
     counts: Counter[str] = Counter()
     total = 0
-    for line in text.splitlines():
-        stack_text, _, count = line.rpartition(" ")
-        if not stack_text.strip() or not count.isdigit():
-            continue
-        stack = stack_text.split(";")
-        if stack[-1].startswith(IDLE_LEAVES):
-            continue
-        total += int(count)
+    for stack, count in _busy_stacks(text):
+        total += count
         for frame in {_LINE.sub(")", f) for f in stack}:  # a function once, whatever line of it ran
-            counts[frame] += int(count)
+            counts[frame] += count
     return [(frame, c / total) for frame, c in counts.most_common(n)] if total else []
 
 
