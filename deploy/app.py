@@ -56,23 +56,28 @@ def _actors(cfg: AppConfig) -> dict[str, Any]:
     return {"deployment_actors": actors}
 
 
+# How often a stopping replica (ingress or worker) looks whether its requests are done: Serve's 2 s makes every idle
+# replica wait 2 s before it exits (each delete, redeploy and scale-down); this ends it in a fifth of that, for the
+# cost of a check of a counter.
+SHUTDOWN_LOOP_S = 0.2
+
+
 def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
-    # graceful_shutdown_wait_loop_s: how often a stopping replica looks whether its requests are done; Serve's 2 s
-    # makes every idle replica wait 2 s before it exits (each delete, redeploy and scale-down), 0.2 s ends it in a
-    # fifth of that and costs a check of a counter.
     worker = EngineWorkerDeployment.options(
         ray_actor_options={"num_cpus": cfg.worker_num_cpus, "num_gpus": cfg.worker_num_gpus},
         max_ongoing_requests=cfg.worker_max_ongoing_requests, max_queued_requests=cfg.worker_max_queued_requests,
         # The event loop answers health checks in milliseconds even under a large request (carriers are built in
         # the engine thread); a stuck engine fails check_health itself after stuck_engine_timeout_s.
         health_check_period_s=5, health_check_timeout_s=30,
-        graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s, graceful_shutdown_wait_loop_s=0.2,
+        graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
+        graceful_shutdown_wait_loop_s=SHUTDOWN_LOOP_S,
         **_routing(cfg), **_ranks(cfg), **_actors(cfg), **_scaling(cfg.num_workers, cfg.worker_autoscaling),
     ).bind(cfg.engine_config(), cfg.model_name, cfg.weight_updates)
     return Ingress.options(
         ray_actor_options={"num_cpus": cfg.ingress_num_cpus}, max_ongoing_requests=cfg.ingress_max_ongoing_requests,
-        graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s, graceful_shutdown_wait_loop_s=0.2,
+        graceful_shutdown_timeout_s=cfg.worker_graceful_shutdown_timeout_s,
+        graceful_shutdown_wait_loop_s=SHUTDOWN_LOOP_S,
         **_scaling(cfg.ingress_num_replicas, cfg.ingress_autoscaling),
     ).bind(worker, settings=cfg.ingress_settings(), allow_unauthenticated=cfg.allow_unauthenticated,
            weight_updates=cfg.weight_updates)

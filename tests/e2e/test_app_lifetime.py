@@ -16,11 +16,10 @@ from typing import Any
 import httpx
 import ray
 from ray import serve
-from ray.serve.context import _get_global_client
-from ray.serve.schema import ServeDeploySchema
 
 from tests.helpers.reference import hf_scores
 from tests.helpers.serve import alive, app_args, ids_of, score_body, wait_ready, worker_stats
+from tests.helpers.serve import deploy_config as serve_deploy_config
 
 APP, PREFIX = "lifetime", "/lifetime"
 # 40 items (one worker request each): over the default max_batch_items (32), under 64.
@@ -30,13 +29,9 @@ SCORE = {"query": [5, 6, 7], "items": [[10 + i] for i in range(40)], "label_toke
 
 def deploy_config(ingress: dict[str, Any] | None = None, worker: dict[str, Any] | None = None) -> None:
     """The app from a config, with each deployment's user_config when given (Serve's `deployments:` entries)."""
-    app: dict[str, Any] = {"name": APP, "route_prefix": PREFIX, "import_path": "deploy.app:build_app",
-                           "args": app_args(num_workers=1, weight_updates=True)}
-    deployments = [{"name": name, "user_config": config} for name, config in (("Ingress", ingress),
-                                                                              ("EngineWorker", worker)) if config]
-    if deployments:
-        app["deployments"] = deployments
-    _get_global_client().deploy_apps(ServeDeploySchema(applications=[app]))
+    serve_deploy_config(APP, PREFIX, app_args(num_workers=1, weight_updates=True),
+                        [{"name": name, "user_config": config} for name, config in (("Ingress", ingress),
+                                                                                   ("EngineWorker", worker)) if config])
 
 
 def app_actors() -> dict[str, Any]:

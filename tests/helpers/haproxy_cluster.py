@@ -199,14 +199,11 @@ def _recorded_pids(config: str) -> list[int]:
 
 
 def deploy_front(app: str, ingress_replicas: int = 1) -> None:
-    """The app deployed from a config (as `serve deploy` does): a later deploy that changes only the ingress's
-    replica count is Serve's lightweight update, a replica added beside the running ones, nothing restarted."""
-    from ray.serve.context import _get_global_client
-    from ray.serve.schema import ServeDeploySchema
+    """The front app from a config: the later deploy that changes only the ingress's replica count adds a replica
+    beside the running ones, nothing restarted."""
+    from tests.helpers.serve import deploy_config
 
-    config = {"name": app, "route_prefix": "/", "import_path": "deploy.app:build_app", "args": _args(),
-              "deployments": [{"name": "Ingress", "num_replicas": ingress_replicas}]}
-    _get_global_client().deploy_apps(ServeDeploySchema(applications=[config]))
+    deploy_config(app, "/", _args(), [{"name": "Ingress", "num_replicas": ingress_replicas}])
 
 
 def reload_haproxy(app: str) -> int:

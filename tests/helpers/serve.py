@@ -42,6 +42,21 @@ def deploy(name: str, prefix: str, args: dict[str, Any]) -> None:
     wait_ready(name)
 
 
+def deploy_config(name: str, prefix: str, args: dict[str, Any],
+                  deployments: list[dict[str, Any]] | None = None) -> None:
+    """The app deployed from a config, as `serve deploy` and `serve run <config>` do (not waiting for it): a later
+    deploy of the same args that changes only `deployments` entries (user_config, num_replicas) is Serve's
+    lightweight update, nothing restarted."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    app: dict[str, Any] = {"name": name, "route_prefix": prefix, "import_path": "deploy.app:build_app",
+                           "args": args}
+    if deployments:
+        app["deployments"] = deployments
+    _get_global_client().deploy_apps(ServeDeploySchema(applications=[app]))
+
+
 # The shared applications this session deployed (shared_app), by name.
 _SHARED: set[str] = set()
 
