@@ -11,6 +11,7 @@ from torch import nn
 from engine.invariant.activation import invariant_silu
 from engine.layers.activation import activation
 from engine.layers.attention import AttentionBackend, AttentionMetadata
+from engine.layers.embedding import unset_embedding
 from engine.layers.linear import Linear, float32_linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rope import RotaryEmbedding
@@ -130,7 +131,7 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, cfg: Any, layers: list[nn.Module], norm: nn.Module) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = unset_embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layers)
         self.norm = norm
 

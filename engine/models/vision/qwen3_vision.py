@@ -13,6 +13,7 @@ from torch import nn
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
 
 from engine.layers.activation import activation
+from engine.layers.embedding import unset_embedding
 from engine.models.vision.common import PatchEmbed, VisionBlock, axial_cos_sin
 
 
@@ -52,7 +53,7 @@ class Qwen3VisionTower(nn.Module):
         self.merge = int(cfg.spatial_merge_size)
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.temporal_patch_size, cfg.in_channels, cfg.hidden_size,
                                       bias=True)
-        self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
+        self.pos_embed = unset_embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.side = int(cfg.num_position_embeddings ** 0.5)
         norm = partial(nn.LayerNorm, eps=1e-6)
         self.blocks = nn.ModuleList([VisionBlock(cfg.hidden_size, cfg.num_heads, norm, VisionMLP(cfg))
