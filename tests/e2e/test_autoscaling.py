@@ -18,7 +18,7 @@ from tests.helpers.serve import app_args, deploy
 from workers.autoscaling import ONGOING_METRIC, TOKEN_LOAD_METRIC, TokenLoadPolicy, desired_workers
 
 APP, PREFIX = "autoscale", "/autoscale"
-TARGET_TOKENS = 600
+TARGET_TOKENS = 500
 PROMPT_LEN = 300  # tokens per scoring request of the burst
 
 
@@ -96,7 +96,7 @@ def test_burst_scales_up_then_down_without_losing_requests(serve_url: str, smoll
     # Up to 2 is the point (up on tokens, back down, nothing lost); a third replica only adds a model load and its
     # wait to the suite.
     autoscaling = {"min_replicas": 1, "max_replicas": 2, "initial_replicas": 1, "metrics_interval_s": 0.5,
-                   "look_back_period_s": 2, "upscale_delay_s": 1, "downscale_delay_s": 4,
+                   "look_back_period_s": 2, "upscale_delay_s": 1, "downscale_delay_s": 2,
                    "policy": {"policy_function": "workers.autoscaling:TokenLoadPolicy",
                               "policy_kwargs": {"target_tokens_per_worker": TARGET_TOKENS}}}
     deploy(APP, PREFIX, app_args(worker_autoscaling=autoscaling, worker_num_cpus=0.5,
@@ -104,8 +104,10 @@ def test_burst_scales_up_then_down_without_losing_requests(serve_url: str, smoll
     burst, timeline, t0 = Burst(serve_url + PREFIX), [], time.monotonic()
     try:
         heavy, light = threading.Event(), threading.Event()
-        # 8 clients keep ~8 x 300 tokens queued: 4 workers' worth at the target, so the workers go to max (2).
-        threads = [threading.Thread(target=burst.client, args=(heavy, i), daemon=True) for i in range(8)]
+        # 4 clients keep ~4 x 300 tokens queued: 2.4 workers' worth at the target, so the workers go to max (2); more
+        # clients only take CPU from the second replica's start and leave more queued work to drain before the way
+        # down.
+        threads = [threading.Thread(target=burst.client, args=(heavy, i), daemon=True) for i in range(4)]
         # One slow client keeps requests in flight while the workers scale down: none may be lost.
         threads.append(threading.Thread(target=burst.client, args=(light, 99, 0.5), daemon=True))
         for t in threads:
