@@ -5,8 +5,7 @@ and warm), streamed, and amid concurrent random load (two clients), from another
 The first answers come from a one-worker app; the rest from a second one-worker app (another process), while
 random scoring and generation requests hit it and share its batches (a second worker there would only take half the
 load away from the needles' batches and cost one more replica start). Resources are scaled down to the test
-machine (one thread per
-worker: bits are the same for the same thread count and CPU)."""
+machine (one thread per worker: bits are the same for the same thread count and CPU)."""
 
 from __future__ import annotations
 
