@@ -5,6 +5,7 @@ runs are checks/lm_eval_compare.py's (also a script, for timings on a bigger tas
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -31,13 +32,25 @@ def task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ref(task_dir: Path, smollm2_path: Path) -> dict:
-    """lm-eval's `hf` backend on the task: the one reference both backends' runs are compared with (run once)."""
-    return run_lm_eval("hf", hf_args(smollm2_path), task_dir, task_dir.parent / "hf")
+def runs(url: str, task_dir: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The module's three lm-eval runs, two at a time (a process's start-up, most of its time, is one core's work,
+    and a served run mostly waits on the server; three at once on two cores only slow each other): lm-eval's `hf`
+    backend on the task, the one reference both served runs are compared with, beside its `local-completions`
+    backend against the app, then its `sglang-generate` backend as soon as one of them ends."""
+    out = tmp_path_factory.mktemp("lm_eval_runs")
+    with ThreadPoolExecutor(2) as pool:
+        yield {
+            "hf": pool.submit(run_lm_eval, "hf", hf_args(smollm2_path), task_dir, out / "hf"),
+            "local-completions": pool.submit(run_lm_eval, "local-completions", rayscore_args(url), task_dir,
+                                             out / "completions", batch_size=4),
+            "sglang-generate": pool.submit(run_lm_eval, "sglang-generate",
+                                           sglang_args(url + "/generate", smollm2_path), task_dir, out / "sglang",
+                                           batch_size=4),
+        }
 
 
-def test_lm_eval_local_completions_equals_its_hf_backend(url: str, task_dir: Path, ref: dict, tmp_path: Path) -> None:
-    ours = run_lm_eval("local-completions", rayscore_args(url), task_dir, tmp_path / "rayscore", batch_size=4)
+def test_lm_eval_local_completions_equals_its_hf_backend(runs: dict[str, Future]) -> None:
+    ours, ref = runs["local-completions"].result(), runs["hf"].result()
     assert "remote tokenizer" in ours["log"].lower()
     agreement = compare(ours, ref)
     print(f"lm-eval wall time: rayscore {ours['wall_s']:.1f} s, hf {ref['wall_s']:.1f} s; {agreement}")
@@ -47,13 +60,11 @@ def test_lm_eval_local_completions_equals_its_hf_backend(url: str, task_dir: Pat
     assert agreement["is_greedy_agree"] == f"{QUESTIONS * 4}/{QUESTIONS * 4}"
 
 
-def test_lm_eval_sglang_generate_equals_its_hf_backend(url: str, smollm2_path: Path, task_dir: Path, ref: dict,
-                                                      tmp_path: Path) -> None:
+def test_lm_eval_sglang_generate_equals_its_hf_backend(runs: dict[str, Future]) -> None:
     """lm-eval's `sglang-generate` backend, unmodified: SGLang's dialect of /generate (a batch of id lists,
     max_new_tokens 1, logprob_start_len 0, top-1), parsed by lm-eval's own indexing of input_token_logprobs. Its
     is_greedy is not compared: sglang-generate computes it as `token != top token` for every row, the opposite of hf."""
-    ours = run_lm_eval("sglang-generate", sglang_args(url + "/generate", smollm2_path), task_dir,
-                       tmp_path / "rayscore", batch_size=4)
+    ours, ref = runs["sglang-generate"].result(), runs["hf"].result()
     agreement = compare(ours, ref)
     print(f"lm-eval sglang-generate wall time: rayscore {ours['wall_s']:.1f} s, hf {ref['wall_s']:.1f} s; {agreement}")
     assert agreement["requests"] == QUESTIONS * 4
