@@ -30,6 +30,7 @@ import httpx
 WORKER = "EngineWorker"
 CALLS = ("ray_serve_deployment_request_counter_total", "ray_serve_deployment_error_counter_total")
 HTTP = "ray_serve_num_http_requests_total"
+COUNTED = (*CALLS, HTTP)  # what `counts` reads
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -81,11 +82,15 @@ def post(client: httpx.Client, url: str, body: dict[str, Any]) -> Any:
     return r.json()
 
 
-def scrape(url: str) -> Samples:
-    """A Prometheus text page as {metric name: [(labels, value), ...]}."""
+def scrape(url: str, names: tuple[str, ...] = ("",)) -> Samples:
+    """A Prometheus text page as {metric name: [(labels, value), ...]}; with `names`, of the metrics whose names
+    start so only (a page late in a session holds every replica's series since it began: `settled` reads it twice a
+    second and parses only the counters it needs)."""
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     out: Samples = defaultdict(list)
     for line in text.splitlines():
+        if not line.startswith(names):
+            continue
         m = _SAMPLE.match(line)
         if m and not line.startswith("#"):
             out[m.group(1)].append((dict(_LABEL.findall(m.group(2) or "")), float(m.group(3))))
@@ -125,12 +130,12 @@ def settled(url: str, app: str, interval_s: float, http_requests: int = 0, timeo
     counts for a report interval and a second: a worker call ends before its HTTP request does, so once the proxy's
     count shows a request, the worker's call shows within an interval (and 0.1 s: Serve's own batching of counts)."""
     deadline = time.monotonic() + timeout_s
-    last, since = counts(scrape(url), app), time.monotonic()
+    last, since = counts(scrape(url, COUNTED), app), time.monotonic()
     while time.monotonic() - since < interval_s + 1.0 or last.http_requests < http_requests:
         if time.monotonic() > deadline:
             raise TimeoutError(f"Serve's counters of {app} still moving after {timeout_s:.0f} s: {last}")
         time.sleep(min(0.5, interval_s / 2))
-        now = counts(scrape(url), app)
+        now = counts(scrape(url, COUNTED), app)
         if now != last:
             last, since = now, time.monotonic()
     return last

@@ -13,6 +13,7 @@ decode steps cost a fraction of the default model's."""
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,9 +55,12 @@ def test_serve_counts_one_worker_call_per_http_request(url: str, metrics_url: st
         assert before.request_calls > 0 and before.http_requests >= len(bodies), before  # the counters count
         per_request: dict[str, float] = {}
         for name, (path, body) in bodies.items():
+            t0 = time.monotonic()
             for _ in range(REQUESTS):
                 serve_calls.post(client, url + path, body)
+            t1 = time.monotonic()
             after = serve_calls.settled(metrics_url, APP, interval, before.http_requests + REQUESTS)
+            print(f"{name}: {REQUESTS} requests {t1 - t0:.1f} s, counters settled {time.monotonic() - t1:.1f} s")
             got = after.minus(before)
             assert got.http_requests == REQUESTS and got.request_calls >= REQUESTS, (name, got)
             per_request[name] = got.all_calls / got.http_requests
