@@ -72,8 +72,11 @@ def test_serve_run_on_a_ray_start_head_then_shutdown_leaves_nothing(smollm2_path
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     # No read or write of ~/.ray/auth_token; the loopback switch tests/conftest.py sets, so the head binds 127.0.0.1
     # (and its PYTHONPATH, for tests/loopback_site/).
+    # RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0: on SIGTERM a `ray start --block` head first drains itself for up to
+    # 30 s (for a Kubernetes pod whose proxies still route to it); a lone head never finishes draining, and by then
+    # the app is shut down, so the test's head stops at once (the test is about what `serve shutdown` leaves).
     env.update(PYTHONPATH=os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]]), RAY_AUTH_MODE="disabled",
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0")
     gcs, dashboard = f"127.0.0.1:{ports['--port']}", f"http://127.0.0.1:{ports['--dashboard-port']}"
     started = time.monotonic()
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", "--num-cpus", "4",
@@ -101,8 +104,10 @@ def test_serve_run_on_a_ray_start_head_then_shutdown_leaves_nothing(smollm2_path
         assert any("EngineWorker" in n for n in names) and any("Ingress" in n for n in names), names
         pids = {a["actor_id"]: a["pid"] for a in created}
         print(f"up and exact {time.monotonic() - started:.0f} s after `ray start`")
+        t0 = time.monotonic()
         subprocess.run([str(BIN / "serve"), "shutdown", "-y", "-a", dashboard], env=env, check=True, timeout=120,
                        capture_output=True)
+        print(f"`serve shutdown` took {time.monotonic() - t0:.1f} s")
 
         def all_gone() -> bool:
             states = {a["actor_id"]: a["state"] for a in actors(dashboard)}
@@ -115,12 +120,15 @@ def test_serve_run_on_a_ray_start_head_then_shutdown_leaves_nothing(smollm2_path
     finally:
         for proc in (run, head):  # ours only: each started in a session of its own
             if proc is not None and proc.poll() is None:
+                t0 = time.monotonic()
                 os.killpg(proc.pid, signal.SIGINT if proc is run else signal.SIGTERM)
                 try:
                     proc.wait(60)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(30)
+                print(f"{'serve run' if proc is run else 'ray start'} ended {time.monotonic() - t0:.1f} s after its "
+                      "signal")
     leftover = subprocess.run(["pgrep", "-f", str(temp)], capture_output=True, text=True).stdout.split()
     assert not leftover, f"processes of the test's head left: {leftover}"
     shutil.rmtree(temp, ignore_errors=True)
