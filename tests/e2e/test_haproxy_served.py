@@ -46,8 +46,8 @@ def _lifetime(run: subprocess.CompletedProcess) -> dict | str:
     if stopping is None:
         return f"rc={run.returncode}\n{run.stderr[-3000:]}"
     known = json.loads(stopping[len("STOPPING "):])
-    return {"haproxy_started": known["haproxy_started"], **after_stop(known["config"], known["ports"]),
-            "script_rc": run.returncode}
+    left = after_stop(known["config"], known["ports"], known["ray_dir"])
+    return {"haproxy_started": known["haproxy_started"], **left, "script_rc": run.returncode}
 
 
 def test_the_front_door_is_haproxy(facts: dict) -> None:
@@ -119,8 +119,9 @@ def test_one_request_id_in_every_answer(facts: dict) -> None:
 
 def test_nothing_of_haproxy_outlives_the_app(facts: dict) -> None:
     """HAProxy reloaded once (a second ingress replica), then Serve shut down and Ray stopped: no HAProxy of this run
-    (first start or reload) is alive and none of its ports listens, so a next start binds them."""
+    (first start or reload) is alive and none of its ports listens, so a next start binds them; and no process of
+    that Ray is left (its agents once outlived it, orphaned)."""
     life = facts["lifetime"]
     assert isinstance(life, dict), life
     assert life["haproxy_started"] >= 2 and len(life["recorded"]) >= 2, life
-    assert life["alive"] == [] and life["listening"] == [], life
+    assert life["alive"] == [] and life["listening"] == [] and life["ray_left"] == [], life

@@ -1,6 +1,6 @@
 """Run as a script (tests/e2e/test_haproxy_served.py starts it in its own process, since a process holds one Ray):
 a local Ray started as `make serve` starts it (deploy/front_door.py: HAProxy ingress through our shim, throughput
-mode, the header guard; a 5 s header timeout, API keys), the test app deployed with a key, and the e2e behaviours that
+mode, the header guard; a 3 s header timeout, API keys), the test app deployed with a key, and the e2e behaviours that
 must hold through the front door, printed as one JSON line of facts for the test to judge; then a replica change
 (HAProxy reloaded with `-sf`), Serve and Ray stopped, and what is left of HAProxy and its ports, a second line."""
 
@@ -15,9 +15,10 @@ import tempfile
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-HEADER_TIMEOUT_S = 5
+HEADER_TIMEOUT_S = 3
 KEY = "k-front"
 
 
@@ -107,8 +108,12 @@ def probe(port: int, app: str) -> dict[str, Any]:
             events = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
         streamed = [t for e in events[:-1] for t in json.loads(e)["output_ids"]]
         facts["stream"] = (events[-1] == "[DONE]", streamed == whole, len(events))
-        # A request longer than the header timeout: HAProxy's client timer does not cut a waiting answer.
-        long = c.post("/generate", json={"input_ids": ids[:8], "max_tokens": 200, "ignore_eos": True})
+        # An idle connection and a trickled header wait out the header timeout on connections of their own, while
+        # a request longer than the header timeout runs: HAProxy's client timer does not cut a waiting answer.
+        waits = ThreadPoolExecutor(2)
+        idle, trickle = waits.submit(_raw, port, b""), waits.submit(_trickle, port, 1.5)
+        # 100 tokens: several header timeouts long on every machine kind seen (docs/operating-front-door.md).
+        long = c.post("/generate", json={"input_ids": ids[:8], "max_tokens": 100, "ignore_eos": True})
         facts["long_request"] = (long.status_code, long.elapsed.total_seconds())
         # The client leaves mid-stream: the worker aborts the request.
         handle = serve.get_deployment_handle("EngineWorker", app_name=app)
@@ -124,8 +129,8 @@ def probe(port: int, app: str) -> dict[str, Any]:
                         for name in (b"X-Request-ID", b"x-request-timeout-seconds", b"serve_multiplexed_model_id")}
     facts["big_headers"] = _raw(port, head + b"".join(b"X-H%d: %s\r\n" % (i, b"a" * 8192) for i in range(128))
                                 + b"\r\n")[0]
-    facts["idle"] = _raw(port, b"")
-    facts["trickle"] = _trickle(port, 1.5)
+    facts["idle"], facts["trickle"] = idle.result(), trickle.result()
+    waits.shutdown()
     facts["routes"] = httpx.get(url + "/-/routes").status_code
     facts["routes_wrong_key"] = httpx.get(url + "/-/routes", headers={"Authorization": "Bearer nope"}).status_code
     facts["routes_key"] = httpx.get(url + "/-/routes", headers=auth).status_code
@@ -221,16 +226,32 @@ def reload_haproxy(app: str) -> int:
     return len(_recorded_pids(config))
 
 
-def after_stop(config: str, ports: list[int]) -> dict[str, Any]:
-    """What is left once Serve and Ray stopped: HAProxy processes of this run's config, and ports still listening."""
+def after_stop(config: str, ports: list[int], ray_dir: str) -> dict[str, Any]:
+    """What is left once Serve and Ray stopped: HAProxy processes of this run's config, ports still listening, and
+    any process of this run's Ray (its agents, workers, raylet: their command lines hold its temp dir)."""
     from deploy.haproxy_shim import is_ours
 
     recorded = _recorded_pids(config)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (any(is_ours(p, config) for p in recorded) or any(map(listening, ports))):
+    while time.monotonic() < deadline and (any(is_ours(p, config) for p in recorded) or any(map(listening, ports))
+                                           or _holding(ray_dir)):
         time.sleep(0.5)
     alive = [int(p) for p in os.listdir("/proc") if p.isdigit() and is_ours(int(p), config)]
-    return {"recorded": recorded, "alive": alive, "listening": [p for p in ports if listening(p)]}
+    return {"recorded": recorded, "alive": alive, "listening": [p for p in ports if listening(p)],
+            "ray_left": _holding(ray_dir)}
+
+
+def _holding(text: str) -> list[str]:
+    """The live processes whose command line holds `text`, as 'pid command'."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd and int(pid) != os.getpid():
+            found.append(f"{pid} {cmd[:80]}")
+    return found
 
 
 def main() -> None:
@@ -249,7 +270,10 @@ def main() -> None:
 
     # address="local": a Ray of its own, never one another process on the machine started (ray.init alone joins the
     # last `ray start` of the machine).
+    # A temp dir of its own: every process of this Ray holds it in its command line (`after_stop` looks for them).
+    ray_dir = tempfile.mkdtemp(prefix="rsr", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+             _temp_dir=ray_dir,
              runtime_env={"env_vars": {"RAYSCORE_CACHE_DIR": os.environ.get("RAYSCORE_CACHE_DIR", "")}}
              if os.environ.get("RAYSCORE_CACHE_DIR") else None)
     mark("ray")
@@ -274,7 +298,7 @@ def main() -> None:
                  int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])]
         # What the parent needs to look for leftovers itself (`after_stop`) if this process dies in Ray's shutdown
         # (Ray's core worker may end it there) before it prints LIFETIME.
-        print("STOPPING " + json.dumps({**lifetime, "config": config, "ports": ports}), flush=True)
+        print("STOPPING " + json.dumps({**lifetime, "config": config, "ports": ports, "ray_dir": ray_dir}), flush=True)
     except BaseException:
         # Printed here: Ray's core worker may end the process while it shuts down, before Python prints it.
         traceback.print_exc()
@@ -287,7 +311,7 @@ def main() -> None:
         stopping.join(timeout=5)
         ray.shutdown()
     mark("stopped")
-    left = after_stop(config, ports)
+    left = after_stop(config, ports, ray_dir)
     mark("looked")
     print("LIFETIME " + json.dumps({**lifetime, **left, "phases": phases}), flush=True)
 
