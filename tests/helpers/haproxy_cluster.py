@@ -226,32 +226,84 @@ def reload_haproxy(app: str) -> int:
     return len(_recorded_pids(config))
 
 
-def after_stop(config: str, ports: list[int], ray_dir: str) -> dict[str, Any]:
+def after_stop(config: str, ports: list[int], ray_dir: str, ray_pids: dict[int, int]) -> dict[str, Any]:
     """What is left once Serve and Ray stopped: HAProxy processes of this run's config, ports still listening, and
-    any process of this run's Ray (its agents, workers, raylet: their command lines hold its temp dir)."""
+    any process of this run's Ray (`_ray_alive`): what Ray left of itself (`ray_left_by_ray`: its two agents, every
+    run here, since the driver ends inside `ray.shutdown`) is ended, the stop's last step, then `ray_left` is what
+    still lives."""
     from deploy.haproxy_shim import is_ours
 
     recorded = _recorded_pids(config)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (any(is_ours(p, config) for p in recorded) or any(map(listening, ports))
-                                           or _holding(ray_dir)):
+    while time.monotonic() < deadline and (any(is_ours(p, config) for p in recorded) or any(map(listening, ports))):
         time.sleep(0.5)
+    deadline = time.monotonic() + 3  # Ray's own stop, a moment more (its agents, when left, stay for good)
+    while time.monotonic() < deadline and _ray_alive(ray_dir, ray_pids):
+        time.sleep(0.2)
     alive = [int(p) for p in os.listdir("/proc") if p.isdigit() and is_ours(int(p), config)]
+    left_by_ray = _ray_alive(ray_dir, ray_pids)
+    _end(left_by_ray)
     return {"recorded": recorded, "alive": alive, "listening": [p for p in ports if listening(p)],
-            "ray_left": _holding(ray_dir)}
+            "ray_left_by_ray": left_by_ray, "ray_left": _ray_alive(ray_dir, ray_pids)}
 
 
-def _holding(text: str) -> list[str]:
-    """The live processes whose command line holds `text`, as 'pid command'."""
+def _started(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot), None when it is gone or a zombie (ended, not yet reaped):
+    with the pid, who it is (pids recur)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+        return None if fields[0] == "Z" else int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def ray_processes() -> dict[int, int]:
+    """This process's descendants (its Ray's GCS, raylet, agents, workers, HAProxy), pid -> start time: Ray's agents
+    rename themselves `ray::DashboardAgent` / `ray::RuntimeEnvAgent`, so their command line no longer holds the temp
+    dir and only their pids find them once they are orphaned."""
+    parents: dict[int, int] = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parents[int(p)] = int(open(f"/proc/{p}/stat").read().rpartition(")")[2].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    mine, grown = {os.getpid()}, True
+    while grown:
+        new = {p for p, parent in parents.items() if parent in mine} - mine
+        grown, mine = bool(new), mine | new
+    mine.discard(os.getpid())
+    return {p: start for p in mine if (start := _started(p)) is not None}
+
+
+def _ray_alive(ray_dir: str, recorded: dict[int, int]) -> list[str]:
+    """The live processes of this run's Ray, as 'pid command': those recorded before the stop (same pid, same start)
+    and any whose command line holds its temp dir."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if text in cmd and int(pid) != os.getpid():
-            found.append(f"{pid} {cmd[:80]}")
+        start = _started(int(pid))
+        if start is not None and int(pid) != os.getpid() and (ray_dir in cmd or recorded.get(int(pid)) == start):
+            found.append(f"{pid} {cmd.strip()[:80]}")
     return found
+
+
+def _end(processes: list[str], grace_s: float = 5.0) -> None:
+    """SIGTERM each 'pid command' of `_ray_alive`, SIGKILL what still lives after `grace_s`."""
+    import signal
+
+    pids = [int(x.split()[0]) for x in processes]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_started(p) is not None for p in pids):
+            time.sleep(0.1)
 
 
 def main() -> None:
@@ -298,7 +350,9 @@ def main() -> None:
                  int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])]
         # What the parent needs to look for leftovers itself (`after_stop`) if this process dies in Ray's shutdown
         # (Ray's core worker may end it there) before it prints LIFETIME.
-        print("STOPPING " + json.dumps({**lifetime, "config": config, "ports": ports, "ray_dir": ray_dir}), flush=True)
+        ray_pids = ray_processes()
+        print("STOPPING " + json.dumps({**lifetime, "config": config, "ports": ports, "ray_dir": ray_dir,
+                                        "ray_pids": ray_pids}), flush=True)
     except BaseException:
         # Printed here: Ray's core worker may end the process while it shuts down, before Python prints it.
         traceback.print_exc()
@@ -311,7 +365,7 @@ def main() -> None:
         stopping.join(timeout=5)
         ray.shutdown()
     mark("stopped")
-    left = after_stop(config, ports, ray_dir)
+    left = after_stop(config, ports, ray_dir, ray_pids)
     mark("looked")
     print("LIFETIME " + json.dumps({**lifetime, **left, "phases": phases}), flush=True)
 
