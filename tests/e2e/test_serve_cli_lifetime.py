@@ -6,6 +6,7 @@ is alive. The head is this test's alone: free ports, its own temp dir and no tok
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 import yaml
+from ray.util.state.exception import RayStateApiException
 
 from tests.helpers.reference import hf_scores
 from tests.helpers.serve import alive, ids_of, score_body
@@ -42,9 +44,12 @@ def free_ports(n: int) -> list[int]:
 
 
 def actors(dashboard: str) -> list[dict[str, Any]]:
-    out = subprocess.run([str(BIN / "ray"), "list", "actors", "--address", dashboard, "--format", "json",
-                          "--limit", "1000", "--detail"], capture_output=True, text=True, timeout=60, check=True)
-    return yaml.safe_load(out.stdout)
+    """Every actor in Ray's state API, as `ray list actors --detail --address <dashboard>` lists them: the same
+    client and the same dashboard endpoint, called in this process (each CLI call paid a Python start)."""
+    from ray.util.state import list_actors
+
+    return [dataclasses.asdict(a) for a in list_actors(address=dashboard, limit=1000, detail=True, timeout=60,
+                                                       raise_on_missing_output=False)]
 
 
 def wait_for(what: str, check: Any, timeout: float, proc: subprocess.Popen | None = None) -> Any:
@@ -54,12 +59,12 @@ def wait_for(what: str, check: Any, timeout: float, proc: subprocess.Popen | Non
             result = check()
             if result:
                 return result
-        except (httpx.HTTPError, subprocess.SubprocessError):
+        except (httpx.HTTPError, subprocess.SubprocessError, RayStateApiException):
             pass
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"{what}: the process ended ({proc.returncode})")
         assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(1)
+        time.sleep(0.5)
 
 
 def test_serve_run_on_a_ray_start_head_then_shutdown_leaves_nothing(smollm2_path: Path) -> None:
