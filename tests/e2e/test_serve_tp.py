@@ -20,12 +20,11 @@ import ray
 import torch
 import yaml
 from ray import serve
-from ray.serve import RunTarget
 
 from tests.helpers.engine import rand_ids
 from tests.helpers.families import family_path
 from tests.helpers.reference import hf_logits, hf_model, hf_scores
-from tests.helpers.serve import deploy, ids_of, score_body
+from tests.helpers.serve import deploy, deploy_config, ids_of, score_body
 from tests.helpers.tiny_adapters import build_adapter, peft_scores
 from tests.helpers.tiny_deepseek_v3 import dsv3_path
 from tests.helpers.tiny_gpt_oss import gpt_oss_path
@@ -169,8 +168,7 @@ def tp2(serve_url: str, tiny_models, tmp_path_factory: pytest.TempPathFactory) -
     a = build_adapter(tmp_path_factory.mktemp("tp-adapters") / "a", path, rank=4, seed=21)
     app = "tp2"
     # Not waiting for RUNNING: the third replica never places.
-    serve.run_many([RunTarget(_app(path, num_workers=3, lora_adapters={"a": str(a)}), name=app, route_prefix="/tp2")],
-                   wait_for_applications_running=False)
+    deploy_config(app, "/tp2", _app_args(path, num_workers=3, lora_adapters={"a": str(a)}))  # from a config
     try:
         # As long as wait_ready gives a deploy: four model loads (two replicas, two ranks each) on a busy machine.
         _wait(lambda: len(_alive_ranks()) == 2 and _running(app) == 2, 240, "two replicas of two ranks")
@@ -221,8 +219,9 @@ def test_replicas_reserve_a_bundle_per_rank_and_a_killed_rank_replaces_the_repli
     print(f"\nserved and checked at {time.monotonic() - t0:.1f} s")
 
     # Scale-down to one replica: the removed replicas' ranks go with them (and the pending third with its group).
-    serve.run_many([RunTarget(_app(path, num_workers=1, lora_adapters={"a": str(tp2.adapter_a)}), name=app,
-                              route_prefix="/tp2")], wait_for_applications_running=False)
+    # The same args with num_replicas 1 in the config: Serve's lightweight update, the kept replica not restarted.
+    deploy_config(app, "/tp2", _app_args(path, num_workers=3, lora_adapters={"a": str(tp2.adapter_a)}),
+                  [{"name": "EngineWorker", "num_replicas": 1}])
     _wait(lambda: len(_alive_ranks()) == 1 and _only_running(app) == 1, 60, "ranks outlived a scale-down")
     print(f"scaled down at {time.monotonic() - t0:.1f} s")
 
@@ -257,13 +256,10 @@ def test_replicas_reserve_a_bundle_per_rank_and_a_killed_rank_replaces_the_repli
     assert r.status_code == 200, r.text
 
 
-def _app(path, **overrides: object):
-    from deploy.app import build_app
-
-    args = _tp_args(model=str(path), tensor_parallel_size=2, worker_num_gpus=0.5, worker_num_cpus=0.25,
+def _app_args(path, **overrides: object) -> dict:
+    return _tp_args(model=str(path), tensor_parallel_size=2, worker_num_gpus=0.5, worker_num_cpus=0.25,
                     max_num_batched_tokens=64, worker_graceful_shutdown_timeout_s=2, open_admin_routes=True,
                     **overrides)
-    return build_app(args)
 
 
 def _only_running(app: str) -> int:
