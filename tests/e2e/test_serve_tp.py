@@ -32,6 +32,7 @@ from tests.helpers.tiny_qwen3_5 import qwen3_5_path
 from workers.ranks import RANK_PREFIX
 
 ATOL = 1e-4
+FAST_HEALTH = {"name": "EngineWorker", "health_check_period_s": 1}  # Serve's own option, in the config
 
 
 def _tp_args(**overrides: object) -> dict:
@@ -168,7 +169,9 @@ def tp2(serve_url: str, tiny_models, tmp_path_factory: pytest.TempPathFactory) -
     a = build_adapter(tmp_path_factory.mktemp("tp-adapters") / "a", path, rank=4, seed=21)
     app = "tp2"
     # Not waiting for RUNNING: the third replica never places.
-    deploy_config(app, "/tp2", _app_args(path, num_workers=3, lora_adapters={"a": str(a)}))  # from a config
+    # From a config; Serve checks the workers' health every second (the app's 5 s is when the replacement test's
+    # killed replica is seen dead at the latest).
+    deploy_config(app, "/tp2", _app_args(path, num_workers=3, lora_adapters={"a": str(a)}), [FAST_HEALTH])
     try:
         # As long as wait_ready gives a deploy: four model loads (two replicas, two ranks each) on a busy machine.
         _wait(lambda: len(_alive_ranks()) == 2 and _running(app) == 2, 240, "two replicas of two ranks")
@@ -221,7 +224,7 @@ def test_replicas_reserve_a_bundle_per_rank_and_a_killed_rank_replaces_the_repli
     # Scale-down to one replica: the removed replicas' ranks go with them (and the pending third with its group).
     # The same args with num_replicas 1 in the config: Serve's lightweight update, the kept replica not restarted.
     deploy_config(app, "/tp2", _app_args(path, num_workers=3, lora_adapters={"a": str(tp2.adapter_a)}),
-                  [{"name": "EngineWorker", "num_replicas": 1}])
+                  [{**FAST_HEALTH, "num_replicas": 1}])
     _wait(lambda: len(_alive_ranks()) == 1 and _only_running(app) == 1, 60, "ranks outlived a scale-down")
     print(f"scaled down at {time.monotonic() - t0:.1f} s")
 
