@@ -17,19 +17,22 @@ import httpx
 import ray
 from ray import serve
 
+from tests.helpers.engine import rand_ids
 from tests.helpers.reference import hf_scores
-from tests.helpers.serve import alive, app_args, ids_of, score_body, wait_ready, worker_stats
+from tests.helpers.serve import alive, app_args, score_body, wait_ready, worker_stats
 from tests.helpers.serve import deploy_config as serve_deploy_config
 
 APP, PREFIX = "lifetime", "/lifetime"
 # 40 items (one worker request each): over the default max_batch_items (32), under 64.
-IDS = ids_of(40, 7)
+IDS = rand_ids(40, 7)
 SCORE = {"query": [5, 6, 7], "items": [[10 + i] for i in range(40)], "label_token_ids": [1, 2]}
 
 
-def deploy_config(ingress: dict[str, Any] | None = None, worker: dict[str, Any] | None = None) -> None:
-    """The app from a config, with each deployment's user_config when given (Serve's `deployments:` entries)."""
-    serve_deploy_config(APP, PREFIX, app_args(num_workers=1, weight_updates=True),
+def deploy_config(model: Path, ingress: dict[str, Any] | None = None, worker: dict[str, Any] | None = None) -> None:
+    """The app from a config, with each deployment's user_config when given (Serve's `deployments:` entries). The
+    tiny Llama: the test is about the app's lifetime and settings, not the model (each of its four worker starts,
+    the failing deploy's three retries included, loads it)."""
+    serve_deploy_config(APP, PREFIX, app_args(model=str(model), num_workers=1, weight_updates=True),
                         [{"name": name, "user_config": config} for name, config in (("Ingress", ingress),
                                                                                    ("EngineWorker", worker)) if config])
 
@@ -54,10 +57,12 @@ def wait_status(name: str, want: str, timeout: float = 120.0) -> str:
     return " ".join([app.message, *(d.message for d in app.deployments.values())])
 
 
-def test_limit_redeploy_in_place_and_nothing_left_after_delete(serve_url: str, smollm2_path: Path) -> None:
-    url = serve_url + PREFIX
-    deploy_config()
+def test_limit_redeploy_in_place_and_nothing_left_after_delete(serve_url: str, tiny_models: dict[str, Path]) -> None:
+    url, path = serve_url + PREFIX, tiny_models["llama"]
+    t0 = time.monotonic()
+    deploy_config(path)
     wait_ready(APP)
+    print(f"\ndeployed at {time.monotonic() - t0:.1f} s")
     try:
         before = app_actors()
         replicas = sorted(n for n in before if n.startswith("SERVE_REPLICA::"))
@@ -70,16 +75,18 @@ def test_limit_redeploy_in_place_and_nothing_left_after_delete(serve_url: str, s
             r = c.post("/v1/score", json=SCORE)
             assert r.status_code == 400 and "`max_batch_items`" in r.text, r.text
 
-            deploy_config({"max_batch_items": 64})  # a lightweight update: user_config only
+            print(f"checked before the redeploys at {time.monotonic() - t0:.1f} s")
+            deploy_config(path, {"max_batch_items": 64})  # a lightweight update: user_config only
             deadline = time.monotonic() + 120
             while (r := c.post("/v1/score", json=SCORE)).status_code == 400:
                 assert time.monotonic() < deadline, "the new limit never reached the running ingress"
                 time.sleep(0.5)
             assert r.status_code == 200 and len(r.json()["scores"]) == 40, r.text
             assert c.post("/generate", json=score_body(IDS, 2, k=3)).status_code == 200
+            print(f"the ingress's limit in place at {time.monotonic() - t0:.1f} s")
 
             # Only the worker's user_config changes: a lower top-k limit, and a step budget that chunks the prompt.
-            deploy_config({"max_batch_items": 64}, {"max_top_logprobs": 2, "max_num_batched_tokens": 16})
+            deploy_config(path, {"max_batch_items": 64}, {"max_top_logprobs": 2, "max_num_batched_tokens": 16})
             deadline = time.monotonic() + 120
             while (r := c.post("/generate", json=score_body(IDS, 2, k=3))).status_code == 200:
                 assert time.monotonic() < deadline, "the workers' new limit never reached the ingress's checks"
@@ -89,7 +96,8 @@ def test_limit_redeploy_in_place_and_nothing_left_after_delete(serve_url: str, s
             assert r.status_code == 200, r.text
             got = [row[0] for row in r.json()["meta_info"]["input_token_logprobs"]]
             assert len(got) == len(IDS) - 3
-            assert max(abs(a - b) for a, b in zip(got, hf_scores(smollm2_path, IDS, 2), strict=True)) < 1e-4
+            print(f"the workers' limits in place at {time.monotonic() - t0:.1f} s")
+            assert max(abs(a - b) for a, b in zip(got, hf_scores(path, IDS, 2), strict=True)) < 1e-4
         wait_ready(APP)
         info = serve.get_deployment_handle("EngineWorker", app_name=APP).model_info.remote().result(timeout_s=30)
         assert info.max_top_logprobs == 2
@@ -97,16 +105,19 @@ def test_limit_redeploy_in_place_and_nothing_left_after_delete(serve_url: str, s
         assert sorted(n for n in after if n.startswith("SERVE_REPLICA::")) == replicas  # no replica restarted
         assert set(worker_stats(APP, samples=4)) == worker_pids
         assert {n: pid_of(after[n]) for n in replicas + registry} == pids
+        print(f"no replica restarted, checked at {time.monotonic() - t0:.1f} s")
 
         # A field that is not a runtime setting fails the deploy, naming the runtime fields (Serve stops a replica
         # whose reconfigure raises: deploy/launch.py checks a file before it starts anything).
-        deploy_config({"max_batch_items": 64}, {"max_top_logprobs": 2, "max_num_seqs": 8})
+        deploy_config(path, {"max_batch_items": 64}, {"max_top_logprobs": 2, "max_num_seqs": 8})
         status = wait_status(APP, "DEPLOY_FAILED")
         assert "`max_num_seqs` is not a runtime setting of the worker" in status, status
         assert "max_num_batched_tokens" in status, status
+        print(f"the deploy failed at {time.monotonic() - t0:.1f} s")
     finally:
         serve.delete(APP)
     deadline = time.monotonic() + 60
     while app_actors() or any(alive(p) for p in pids.values()):
         assert time.monotonic() < deadline, f"left after delete: {app_actors()}, {pids}"
         time.sleep(0.5)
+    print(f"nothing left at {time.monotonic() - t0:.1f} s")

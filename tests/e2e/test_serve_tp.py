@@ -20,12 +20,11 @@ import ray
 import torch
 import yaml
 from ray import serve
-from ray.serve import RunTarget
 
 from tests.helpers.engine import rand_ids
 from tests.helpers.families import family_path
 from tests.helpers.reference import hf_logits, hf_model, hf_scores
-from tests.helpers.serve import deploy, ids_of, score_body
+from tests.helpers.serve import deploy, deploy_config, ids_of, score_body
 from tests.helpers.tiny_adapters import build_adapter, peft_scores
 from tests.helpers.tiny_deepseek_v3 import dsv3_path
 from tests.helpers.tiny_gpt_oss import gpt_oss_path
@@ -33,6 +32,7 @@ from tests.helpers.tiny_qwen3_5 import qwen3_5_path
 from workers.ranks import RANK_PREFIX
 
 ATOL = 1e-4
+FAST_HEALTH = {"name": "EngineWorker", "health_check_period_s": 1}  # Serve's own option, in the config
 
 
 def _tp_args(**overrides: object) -> dict:
@@ -169,8 +169,9 @@ def tp2(serve_url: str, tiny_models, tmp_path_factory: pytest.TempPathFactory) -
     a = build_adapter(tmp_path_factory.mktemp("tp-adapters") / "a", path, rank=4, seed=21)
     app = "tp2"
     # Not waiting for RUNNING: the third replica never places.
-    serve.run_many([RunTarget(_app(path, num_workers=3, lora_adapters={"a": str(a)}), name=app, route_prefix="/tp2")],
-                   wait_for_applications_running=False)
+    # From a config; Serve checks the workers' health every second (the app's 5 s is when the replacement test's
+    # killed replica is seen dead at the latest).
+    deploy_config(app, "/tp2", _app_args(path, num_workers=3, lora_adapters={"a": str(a)}), [FAST_HEALTH])
     try:
         # As long as wait_ready gives a deploy: four model loads (two replicas, two ranks each) on a busy machine.
         _wait(lambda: len(_alive_ranks()) == 2 and _running(app) == 2, 240, "two replicas of two ranks")
@@ -200,9 +201,15 @@ def test_adapters_over_two_ranks_from_the_config_and_loaded_at_run_time(tp2: Two
 
 
 def test_replicas_reserve_a_bundle_per_rank_and_a_killed_rank_replaces_the_replica(tp2: TwoRanks) -> None:
-    """Fake GPUs: two replicas of 2 ranks at half a GPU per rank take the session's 2 GPUs; a third waits."""
+    """Fake GPUs: two replicas of 2 ranks at half a GPU per rank take the session's 2 GPUs; a third waits (its
+    placement group pending, no GPU left); both serve exactly. A scale-down to one replica takes the removed
+    replicas' ranks with them. Then the one replica's rank is killed during a long generation: the stream ends with
+    an error, Serve replaces the replica (a new rank), and the app serves again."""
     path, app, url = tp2.path, tp2.app, tp2.url
-    time.sleep(3)  # the third stays pending: no half-GPU bundle is left
+    t0 = time.monotonic()
+    # The third stays pending: no half-GPU bundle is left (its placement group waits, polled rather than slept on).
+    _wait(lambda: any(p["state"] == "PENDING" and len(p["bundles"]) == 2
+                      for p in ray.util.placement_group_table().values()), 30, "no pending third replica")
     assert _running(app) == 2 and len(_alive_ranks()) == 2
     assert ray.available_resources().get("GPU", 0) == 0
     ids = [5, 17, 200, 33, 41, 9, 90, 2, 300, 11]
@@ -212,8 +219,17 @@ def test_replicas_reserve_a_bundle_per_rank_and_a_killed_rank_replaces_the_repli
     rows = r.json()["meta_info"]["input_token_logprobs"]
     assert max(abs(v - e) for (v, _), e in zip(rows, expected, strict=True)) <= ATOL
     _check_greedy(path, ids, _greedy(url, ids, 8), 8)
+    print(f"\nserved and checked at {time.monotonic() - t0:.1f} s")
 
-    # Kill the ranks during a long generation: their replicas fail their health checks and are replaced.
+    # Scale-down to one replica: the removed replicas' ranks go with them (and the pending third with its group).
+    # The same args with num_replicas 1 in the config: Serve's lightweight update, the kept replica not restarted.
+    deploy_config(app, "/tp2", _app_args(path, num_workers=3, lora_adapters={"a": str(tp2.adapter_a)}),
+                  [{**FAST_HEALTH, "num_replicas": 1}])
+    _wait(lambda: len(_alive_ranks()) == 1 and _only_running(app) == 1, 60, "ranks outlived a scale-down")
+    print(f"scaled down at {time.monotonic() - t0:.1f} s")
+
+    # Kill the one replica's rank during a long generation: the replica is replaced (one replacement to wait for:
+    # with two replicas the stream's replica is not known, and both had to be killed and replaced).
     events: list[str] = []
     done = threading.Event()
 
@@ -226,32 +242,36 @@ def test_replicas_reserve_a_bundle_per_rank_and_a_killed_rank_replaces_the_repli
     before = {a["name"] for a in _alive_ranks()}
     threading.Thread(target=stream, daemon=True).start()
     time.sleep(1.0)
-    for victim in _alive_ranks():  # rank 1 of both replicas: the one streaming is among them
+    victims = _alive_ranks()
+    assert len(victims) == 1, victims
+    for victim in victims:  # rank 1 of the one replica, which streams
         ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
     assert done.wait(60), "the in-flight request hung after a rank died"
+    print(f"rank killed, the stream ended at {time.monotonic() - t0:.1f} s")
     assert events[-1] == "[DONE]" and len(events) >= 3
     # The step in flight failed on rank 0 (its peer's connection broke): the stream ends with an error.
     assert json.loads(events[-2])["meta_info"]["finish_reason"]["type"] == "error", events[-2]
-    # Both replicas lost a rank: wait until both are replaced (a request routed to one whose health check has
-    # not failed yet is answered 503, the worker's failure), then the app serves again.
-    _wait(lambda: len({a["name"] for a in _alive_ranks()} - before) >= 2 and _running(app) == 2, 180,
-          "no replacement ranks")
+    # Wait until the replica is replaced (a new rank), then the app serves again.
+    _wait(lambda: len({a["name"] for a in _alive_ranks()} - before) >= 1 and _running(app) == 1, 180,
+          "no replacement rank")
+    print(f"the replica replaced at {time.monotonic() - t0:.1f} s")
     r = httpx.post(url + "/generate", json=score_body(ids, 0), timeout=120)
     assert r.status_code == 200, r.text
 
-    # Scale-down to one replica: the removed replicas' ranks go with them.
-    serve.run_many([RunTarget(_app(path, num_workers=1, lora_adapters={"a": str(tp2.adapter_a)}), name=app,
-                              route_prefix="/tp2")], wait_for_applications_running=False)
-    _wait(lambda: len(_alive_ranks()) == 1 and _running(app) == 1, 60, "ranks outlived a scale-down")
 
-
-def _app(path, **overrides: object):
-    from deploy.app import build_app
-
-    args = _tp_args(model=str(path), tensor_parallel_size=2, worker_num_gpus=0.5, worker_num_cpus=0.25,
+def _app_args(path, **overrides: object) -> dict:
+    return _tp_args(model=str(path), tensor_parallel_size=2, worker_num_gpus=0.5, worker_num_cpus=0.25,
                     max_num_batched_tokens=64, worker_graceful_shutdown_timeout_s=2, open_admin_routes=True,
                     **overrides)
-    return build_app(args)
+
+
+def _only_running(app: str) -> int:
+    """The app's running worker replicas once it is RUNNING with no replica starting or stopping, else 0."""
+    status = serve.status().applications.get(app)
+    if status is None or status.status != "RUNNING":
+        return 0
+    states = {k: v for k, v in status.deployments["EngineWorker"].replica_states.items() if v}
+    return states.get("RUNNING", 0) if len(states) == 1 else 0
 
 
 def _running(app: str) -> int:
