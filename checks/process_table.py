@@ -15,6 +15,8 @@ class Proc:
     state: str  # /proc/<pid>/stat's state letter: Z is a zombie (ended, not yet reaped by its parent)
     session: int
     command: str  # the command line, spaces between arguments
+    parent: int = 0
+    start: int = 0  # clock ticks after boot: with the pid, which process it is (pids recur)
 
     def __str__(self) -> str:
         return f"{self.pid} {self.command[:120]}"
@@ -29,8 +31,9 @@ def read(pid: int) -> Proc | None:
             command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
-    return Proc(pid, fields[0], int(fields[3]), command or stat[stat.index("(") + 1:stat.rindex(")")])
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ... starttime
+    return Proc(pid, fields[0], int(fields[3]), command or stat[stat.index("(") + 1:stat.rindex(")")],
+                parent=int(fields[1]), start=int(fields[19]))
 
 
 def processes() -> list[Proc]:

@@ -18,6 +18,8 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from checks import process_table
+
 HEADER_TIMEOUT_S = 3
 KEY = "k-front"
 
@@ -248,46 +250,29 @@ def after_stop(config: str, ports: list[int], ray_dir: str, ray_pids: dict[int, 
 
 
 def _started(pid: int) -> int | None:
-    """A process's start time (clock ticks since boot), None when it is gone or a zombie (ended, not yet reaped):
-    with the pid, who it is (pids recur)."""
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
-        return None if fields[0] == "Z" else int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    """A process's start time, None when it is gone or a zombie (ended, not yet reaped): with the pid, who it is
+    (pids recur)."""
+    proc = process_table.read(pid)
+    return None if proc is None or proc.state == "Z" else proc.start
 
 
 def ray_processes() -> dict[int, int]:
     """This process's descendants (its Ray's GCS, raylet, agents, workers, HAProxy), pid -> start time: Ray's agents
     rename themselves `ray::DashboardAgent` / `ray::RuntimeEnvAgent`, so their command line no longer holds the temp
     dir and only their pids find them once they are orphaned."""
-    parents: dict[int, int] = {}
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            parents[int(p)] = int(open(f"/proc/{p}/stat").read().rpartition(")")[2].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
+    procs = [p for p in process_table.processes() if p.state != "Z"]
     mine, grown = {os.getpid()}, True
     while grown:
-        new = {p for p, parent in parents.items() if parent in mine} - mine
+        new = {p.pid for p in procs if p.parent in mine} - mine
         grown, mine = bool(new), mine | new
-    mine.discard(os.getpid())
-    return {p: start for p in mine if (start := _started(p)) is not None}
+    return {p.pid: p.start for p in procs if p.pid in mine and p.pid != os.getpid()}
 
 
 def _ray_alive(ray_dir: str, recorded: dict[int, int]) -> list[str]:
     """The live processes of this run's Ray, as 'pid command': those recorded before the stop (same pid, same start)
     and any whose command line holds its temp dir."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        start = _started(int(pid))
-        if start is not None and int(pid) != os.getpid() and (ray_dir in cmd or recorded.get(int(pid)) == start):
-            found.append(f"{pid} {cmd.strip()[:80]}")
-    return found
+    return [f"{p.pid} {p.command[:80]}" for p in process_table.processes()
+            if p.state != "Z" and p.pid != os.getpid() and (ray_dir in p.command or recorded.get(p.pid) == p.start)]
 
 
 def _end(processes: list[str], grace_s: float = 5.0) -> None:
